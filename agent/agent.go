@@ -1,0 +1,65 @@
+// Package agent defines an agent (a runtime command and the boundary its
+// sessions run in), checks its settings, and stores it in the daemon home.
+package agent
+
+import (
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/strategy"
+)
+
+// Agent is what agent.json holds.
+type Agent struct {
+	ID       string        `json:"id"`
+	Name     string        `json:"name"`
+	Strategy strategy.Name `json:"strategy"`
+	Command  []string      `json:"command"`
+	Env      []string      `json:"env"` // KEY=VALUE
+	// Workspace is a path relative to the agent directory.
+	Workspace string `json:"workspace"`
+	// SharedWorkspace is a host directory declared as shared; when set it is
+	// the workspace.
+	SharedWorkspace string    `json:"sharedWorkspace"`
+	Mounts          []Mount   `json:"mounts"`
+	AllowedDomains  []string  `json:"allowedDomains"`
+	DeniedDomains   []string  `json:"deniedDomains"`
+	NestedSandbox   bool      `json:"nestedSandbox"`
+	Resources       Resources `json:"resources"`
+	CreatedAt       time.Time `json:"createdAt"`
+	// RunInSandbox is the setting of agents made before strategies existed.
+	// It is mapped to Strategy once, and then dropped.
+	RunInSandbox *bool `json:"runInSandbox,omitempty"`
+}
+
+// Mount shares a host path into the agent's boundary.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readonly"`
+}
+
+// Resources are the agent's limits: cgroup limits for host and srt sessions,
+// the VM's size for microsandbox ones. Zero means the default.
+type Resources struct {
+	CPUs      int `json:"cpus"`
+	MemoryMiB int `json:"memoryMiB"`
+	DiskGiB   int `json:"diskGiB"`
+	Pids      int `json:"pids"`
+}
+
+// AsksForLimits reports whether the agent set a cgroup limit itself: such an
+// agent is refused where limits cannot be applied, rather than run without.
+func (r Resources) AsksForLimits() bool {
+	return r.CPUs > 0 || r.MemoryMiB > 0 || r.Pids > 0
+}
+
+// DefaultWorkspace is the workspace of an agent that names none.
+const DefaultWorkspace = "workspace"
+
+// The directories every agent has beside its workspace.
+const (
+	HomeDir   = "home"   // the runtime's private HOME
+	MemoryDir = "memory" // memory the runtime keeps between sessions
+	TmpDir    = "tmp"    // the runtime's private TMPDIR
+	File      = "agent.json"
+)

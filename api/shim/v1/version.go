@@ -1,0 +1,10 @@
+package shimv1
+
+// APIVersion is the version of this API a shim serves and a supervisor
+// speaks. A supervisor adopts shims whose version it still speaks, so that a
+// new release takes over the sessions of the previous one; a change that an
+// older peer cannot follow bumps it.
+const APIVersion = 1
+
+// MinAPIVersion is the oldest shim API this release can adopt.
+const MinAPIVersion = 1

@@ -1,0 +1,171 @@
+// Package cgroupfs works on a session's cgroup through its directories:
+// adding, listing and killing processes, reading counters, removing it. It
+// uses only the filesystem, so that the shim stays small; creating a cgroup
+// with limits is the limits package's job.
+package cgroupfs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Cgroup is one cgroup: its directory in each mounted hierarchy (one on a
+// cgroup v2 host, one per controller on a v1 host).
+type Cgroup struct {
+	Dirs []string
+}
+
+// Add moves pid into the cgroup in every hierarchy.
+func (c Cgroup) Add(pid int) error {
+	for _, d := range c.Dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("add pid %d to cgroup %s: %w", pid, d, err)
+		}
+	}
+	return nil
+}
+
+// Procs lists the processes in the cgroup, children included.
+func (c Cgroup) Procs() ([]int, error) {
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range c.Dirs {
+		err := filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			if !e.IsDir() {
+				return nil
+			}
+			data, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+			if err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list cgroup %s: %w", d, err)
+		}
+	}
+	return pids, nil
+}
+
+// Kill sends SIGKILL to every process in the cgroup until it is empty or
+// the timeout passes. A process forking while it is killed is caught on the
+// next round.
+func (c Cgroup) Kill(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		pids, err := c.Procs()
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still has %d processes after %v", c.Dirs[0], len(pids), timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Remove deletes the cgroup's directories, children first. It fails while
+// processes (zombies included) remain.
+func (c Cgroup) Remove() error {
+	var errs []error
+	for _, d := range c.Dirs {
+		var dirs []string
+		filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stats are a few counters of the cgroup.
+type Stats struct {
+	MemoryBytes uint64
+	Pids        uint64
+	CPUUsageNs  uint64
+}
+
+// Stats reads the counters from whichever hierarchy has them.
+func (c Cgroup) Stats() Stats {
+	var s Stats
+	for _, d := range c.Dirs {
+		if v, ok := readUint(d, "memory.current"); ok { // v2
+			s.MemoryBytes = v
+		}
+		if v, ok := readUint(d, "memory.usage_in_bytes"); ok { // v1
+			s.MemoryBytes = v
+		}
+		if v, ok := readUint(d, "pids.current"); ok {
+			s.Pids = v
+		}
+		if v, ok := readUint(d, "cpuacct.usage"); ok { // v1, ns
+			s.CPUUsageNs = v
+		}
+		if v, ok := readKey(d, "cpu.stat", "usage_usec"); ok { // v2, µs
+			s.CPUUsageNs = v * 1000
+		}
+	}
+	return s
+}
+
+func readUint(dir, file string) (uint64, bool) {
+	data, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(bytes.TrimSpace(data)), 10, 64)
+	return v, err == nil
+}
+
+func readKey(dir, file, key string) (uint64, bool) {
+	f, err := os.Open(filepath.Join(dir, file))
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && k == key {
+			n, err := strconv.ParseUint(v, 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}

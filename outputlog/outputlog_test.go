@@ -1,0 +1,177 @@
+package outputlog
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func readAll(t *testing.T, path string, off int64) []Record {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var recs []Record
+	r := NewReader(f, off)
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return recs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+}
+
+func TestWriteReadResume(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	w, err := OpenWriter(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(Stdout, []byte("hello\n"))
+	w.Write(Stderr, []byte("oops\n"))
+	big := bytes.Repeat([]byte("x"), MaxPayload+10)
+	w.Write(Stdout, big)
+	w.Close()
+
+	recs := readAll(t, path, 0)
+	if len(recs) != 4 {
+		t.Fatalf("got %d records, want 4 (the big write split in two)", len(recs))
+	}
+	if recs[0].Stream != Stdout || string(recs[0].Data) != "hello\n" {
+		t.Errorf("record 0 = %v %q", recs[0].Stream, recs[0].Data)
+	}
+	if recs[1].Stream != Stderr || string(recs[1].Data) != "oops\n" {
+		t.Errorf("record 1 = %v %q", recs[1].Stream, recs[1].Data)
+	}
+	if got := len(recs[2].Data) + len(recs[3].Data); got != len(big) {
+		t.Errorf("big write came back as %d bytes, want %d", got, len(big))
+	}
+
+	// Reading from a later boundary gives the rest.
+	rest := readAll(t, path, recs[1].Offset)
+	if len(rest) != 3 || rest[0].Offset != recs[1].Offset {
+		t.Errorf("from offset %d got %d records", recs[1].Offset, len(rest))
+	}
+
+	// A second writer (a resumed session) continues after the old output.
+	w, err = OpenWriter(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(Stdout, []byte("again\n"))
+	w.Close()
+	recs = readAll(t, path, 0)
+	if len(recs) != 5 || string(recs[4].Data) != "again\n" {
+		t.Fatalf("after resume got %d records, last %q", len(recs), recs[len(recs)-1].Data)
+	}
+}
+
+func TestTornTailIsCut(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	w, _ := OpenWriter(path)
+	w.Write(Stdout, []byte("complete\n"))
+	end := w.Size()
+	w.Write(Stdout, []byte("this one will be torn\n"))
+	w.Close()
+	// Cut the last record in the middle of its payload.
+	os.Truncate(path, end+headerSize+3)
+
+	recs := readAll(t, path, 0)
+	if len(recs) != 1 {
+		t.Fatalf("reader returned %d records before the torn one, want 1", len(recs))
+	}
+	w, err := OpenWriter(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Size() != end {
+		t.Errorf("writer resumes at %d, want %d", w.Size(), end)
+	}
+	w.Write(Stderr, []byte("next\n"))
+	w.Close()
+	recs = readAll(t, path, 0)
+	if len(recs) != 2 || string(recs[1].Data) != "next\n" {
+		t.Errorf("after the torn tail got %d records", len(recs))
+	}
+}
+
+func TestPartialRecordIsReadLater(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	w, _ := OpenWriter(path)
+	w.Write(Stdout, []byte("abcdef"))
+	w.Close()
+	full, _ := os.ReadFile(path)
+	// A reader sees only part of the record at first...
+	f, _ := os.Create(path)
+	f.Write(full[:headerSize+2])
+	r := NewReader(f, 0)
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("Next on a partial record = %v, want io.EOF", err)
+	}
+	// ...and the whole of it once the write completes.
+	f.Write(full[headerSize+2:])
+	rec, err := r.Next()
+	if err != nil || string(rec.Data) != "abcdef" {
+		t.Fatalf("Next after completion = %q, %v", rec.Data, err)
+	}
+	f.Close()
+}
+
+func TestCheck(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	w, _ := OpenWriter(path)
+	w.Write(Stdout, []byte("one\n"))
+	second := w.Size()
+	w.Write(Stdout, []byte("two\n"))
+	size := w.Size()
+	w.Close()
+	f, _ := os.Open(path)
+	defer f.Close()
+	for _, off := range []int64{0, second, size} {
+		if err := Check(f, off, size); err != nil {
+			t.Errorf("Check(%d) = %v, want nil", off, err)
+		}
+	}
+	for _, off := range []int64{1, second - 1, second + 3, size + 1, -1} {
+		if err := Check(f, off, size); !errors.Is(err, ErrNotBoundary) {
+			t.Errorf("Check(%d) = %v, want ErrNotBoundary", off, err)
+		}
+	}
+}
+
+func TestCorruptIsAnError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	os.WriteFile(path, bytes.Repeat([]byte("garbage!"), 4), 0o600)
+	f, _ := os.Open(path)
+	defer f.Close()
+	if _, err := NewReader(f, 0).Next(); err == nil || err == io.EOF {
+		t.Errorf("Next on garbage = %v, want a corruption error", err)
+	}
+}
+
+func TestWatcherWakesOnWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	w, _ := OpenWriter(path)
+	defer w.Close()
+	wt, err := Watch(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wt.Close()
+	w.Write(Stdout, []byte("x"))
+	select {
+	case <-wt.C:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wakeup after a write")
+	}
+}

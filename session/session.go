@@ -1,0 +1,136 @@
+// Package session defines the files of a session directory, which the
+// supervisor and the session's shim both read: session.json (what to run),
+// bootstrap.json (where the shim listens), status.json (how the run is going
+// or how it ended) and output.log.
+package session
+
+import (
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/atomicfile"
+	"github.com/agentconnect-md/agentconnect/strategy"
+)
+
+// States of a session, as users see them.
+const (
+	Running = "running"
+	Exited  = "exited"
+	Lost    = "lost"
+)
+
+// Record is session.json, written by the supervisor before each run.
+type Record struct {
+	ID        string        `json:"id"`
+	AgentID   string        `json:"agentId"`
+	Agent     string        `json:"agent"`
+	Strategy  strategy.Name `json:"strategy"`
+	CreatedAt time.Time     `json:"createdAt"`
+	// Run counts the runs: 1 for the first, one more for each resume.
+	Run  uint32 `json:"run"`
+	Spec Spec   `json:"spec"`
+}
+
+// Spec is what a shim runs.
+type Spec struct {
+	Command []string `json:"command"`
+	// CommandOverride is set when the command is not the agent's own (exec).
+	CommandOverride bool `json:"commandOverride,omitempty"`
+	// Env is the runtime's whole environment: nothing else is inherited.
+	Env       []string `json:"env"`
+	Workspace string   `json:"workspace"`
+	Home      string   `json:"home"`
+	Tmp       string   `json:"tmp"`
+	Memory    string   `json:"memory"`
+	// Cgroup lists the directories of the session's cgroup, made by the
+	// supervisor; empty when sessions run without cgroups.
+	Cgroup []string `json:"cgroup"`
+	Limits Limits   `json:"limits"`
+	// LimitsNote says what limits apply, or why none do, for status.
+	LimitsNote string `json:"limitsNote"`
+}
+
+// Limits are applied through the session's cgroup.
+type Limits struct {
+	Pids      int64 `json:"pids"`
+	MemoryMiB int64 `json:"memoryMiB"`
+	CPUs      int   `json:"cpus"`
+}
+
+// Bootstrap is bootstrap.json, written by the shim once it listens.
+type Bootstrap struct {
+	Address    string `json:"address"`
+	PID        int    `json:"pid"`
+	StartTime  uint64 `json:"startTime"` // with PID, identifies the shim process
+	APIVersion uint32 `json:"apiVersion"`
+	Version    string `json:"version"`
+	Run        uint32 `json:"run"`
+}
+
+// Status is status.json: written by the shim when the runtime starts and
+// when it has exited, or by the supervisor when the shim was lost.
+type Status struct {
+	Run          uint32    `json:"run"`
+	State        string    `json:"state"`
+	PID          int       `json:"pid"`
+	PIDStartTime uint64    `json:"pidStartTime"`
+	ExitCode     int       `json:"exitCode"`
+	Reason       string    `json:"reason"`
+	StartedAt    time.Time `json:"startedAt"`
+	ExitedAt     time.Time `json:"exitedAt"`
+}
+
+// Dir names the files of one session directory.
+type Dir string
+
+func (d Dir) RecordPath() string    { return filepath.Join(string(d), "session.json") }
+func (d Dir) BootstrapPath() string { return filepath.Join(string(d), "bootstrap.json") }
+func (d Dir) StatusPath() string    { return filepath.Join(string(d), "status.json") }
+func (d Dir) OutputPath() string    { return filepath.Join(string(d), "output.log") }
+func (d Dir) ShimLogPath() string   { return filepath.Join(string(d), "shim.log") }
+
+// ReadRecord reads session.json.
+func (d Dir) ReadRecord() (*Record, error) {
+	var r Record
+	if err := atomicfile.ReadJSON(d.RecordPath(), &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// WriteRecord writes session.json atomically.
+func (d Dir) WriteRecord(r *Record) error { return atomicfile.WriteJSON(d.RecordPath(), r, 0o600) }
+
+// ReadBootstrap reads bootstrap.json; (nil, nil) when there is none.
+func (d Dir) ReadBootstrap() (*Bootstrap, error) {
+	var b Bootstrap
+	if err := atomicfile.ReadJSON(d.BootstrapPath(), &b); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return &b, nil
+}
+
+// WriteBootstrap writes bootstrap.json atomically.
+func (d Dir) WriteBootstrap(b *Bootstrap) error {
+	return atomicfile.WriteJSON(d.BootstrapPath(), b, 0o600)
+}
+
+// ReadStatus reads status.json; (nil, nil) when there is none.
+func (d Dir) ReadStatus() (*Status, error) {
+	var s Status
+	if err := atomicfile.ReadJSON(d.StatusPath(), &s); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return &s, nil
+}
+
+// WriteStatus writes status.json atomically.
+func (d Dir) WriteStatus(s *Status) error { return atomicfile.WriteJSON(d.StatusPath(), s, 0o600) }

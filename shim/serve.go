@@ -1,0 +1,123 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/outputlog"
+	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/version"
+)
+
+// exitLinger is how long a shim whose runtime has exited waits for the
+// supervisor to collect the exit (Wait, then Shutdown) before it exits on its
+// own. The exit is in status.json either way.
+const exitLinger = 5 * time.Second
+
+// shutdownGrace bounds how long an exiting shim waits for in-flight calls
+// (a Wait about to return the exit) before it closes its connections.
+const shutdownGrace = 2 * time.Second
+
+// serve is the long-lived shim.
+func serve(dirPath, socket string) error {
+	// A shim idles for hours: keep its heap and threads small.
+	debug.SetGCPercent(40)
+	runtime.GOMAXPROCS(2)
+
+	readyW := os.NewFile(fdReady, "ready")
+	fail := func(err error) error {
+		json.NewEncoder(readyW).Encode(Ready{Error: err.Error()})
+		readyW.Close()
+		return err
+	}
+	// Orphans of the runtime are reparented here, not to init, so that the
+	// shim reaps them and can kill what is left of the session.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fail(fmt.Errorf("become a child subreaper: %w", err))
+	}
+	l, err := net.FileListener(os.NewFile(fdListener, "listener"))
+	if err != nil {
+		return fail(fmt.Errorf("inherit listener: %w", err))
+	}
+	dir := session.Dir(dirPath)
+	rec, err := dir.ReadRecord()
+	if err != nil {
+		return fail(fmt.Errorf("read session: %w", err))
+	}
+	log := logrus.New()
+	log.SetFormatter(&logrus.JSONFormatter{})
+	entry := log.WithFields(logrus.Fields{"session": rec.ID, "run": rec.Run})
+
+	out, err := outputlog.OpenWriter(dir.OutputPath())
+	if err != nil {
+		return fail(err)
+	}
+	svc := newService(rec, dir, out, entry)
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	go svc.reaper.run(sigchld)
+	sigterm := make(chan os.Signal, 1)
+	signal.Notify(sigterm, syscall.SIGTERM, syscall.SIGINT)
+
+	srv, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(ttrpc.UnixSocketRequireSameUser()))
+	if err != nil {
+		return fail(err)
+	}
+	shimv1.RegisterShimService(srv, svc)
+	go srv.Serve(context.Background(), l)
+
+	start, _ := procstat.StartTime(os.Getpid())
+	if err := dir.WriteBootstrap(&session.Bootstrap{
+		Address: socket, PID: os.Getpid(), StartTime: start,
+		APIVersion: shimv1.APIVersion, Version: version.Version, Run: rec.Run,
+	}); err != nil {
+		return fail(err)
+	}
+	if err := json.NewEncoder(readyW).Encode(Ready{PID: os.Getpid()}); err != nil {
+		return err
+	}
+	readyW.Close()
+	entry.WithField("pid", os.Getpid()).Info("shim serving")
+
+	for done := false; !done; {
+		select {
+		case <-svc.exited:
+			select {
+			case <-svc.shutdown:
+			case <-time.After(exitLinger):
+			}
+			done = true
+		case <-svc.shutdown:
+			done = true
+		case sig := <-sigterm:
+			// Someone asked the shim itself to stop: end the run the way
+			// session stop would, and exit once it is recorded.
+			entry.WithField("signal", sig).Info("shim signalled; stopping the runtime")
+			if !svc.signalAll(syscall.SIGTERM) {
+				done = true
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	srv.Shutdown(ctx)
+	srv.Close()
+	os.Remove(socket)
+	out.Close()
+	entry.Info("shim exiting")
+	return nil
+}

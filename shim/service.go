@@ -1,0 +1,235 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/cgroupfs"
+	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/outputlog"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/version"
+)
+
+// MaxStdinWrite bounds one WriteStdin call; larger input is sent in pieces.
+const MaxStdinWrite = 1 << 20
+
+// service is the shim's ttrpc service and the state of the one run it owns.
+type service struct {
+	rec    *session.Record
+	dir    session.Dir
+	out    *outputlog.Writer
+	cg     cgroupfs.Cgroup
+	log    *logrus.Entry
+	reaper *reaper
+
+	exited   chan struct{} // closed once the exit is in status.json
+	shutdown chan struct{} // closed by Shutdown
+	stopOnce sync.Once
+
+	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
+
+	mu          sync.Mutex // guards the fields below
+	status      shimv1.Status
+	pid         int
+	startedAt   time.Time
+	stdin       *os.File
+	stdinClosed bool
+	exit        *session.Status
+}
+
+func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
+	return &service{
+		rec: rec, dir: dir, out: out, log: log,
+		cg:       cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
+		reaper:   newReaper(),
+		exited:   make(chan struct{}),
+		shutdown: make(chan struct{}),
+		status:   shimv1.Status_CREATED,
+	}
+}
+
+func (s *service) Handshake(_ context.Context, req *shimv1.HandshakeRequest) (*shimv1.HandshakeResponse, error) {
+	if req.ApiVersion < shimv1.MinAPIVersion {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition(
+			"shim API version %d is too old for this shim (it speaks %d to %d)", req.ApiVersion, shimv1.MinAPIVersion, shimv1.APIVersion))
+	}
+	return &shimv1.HandshakeResponse{
+		ApiVersion: shimv1.APIVersion, ShimVersion: version.Version,
+		SessionId: s.rec.ID, Run: s.rec.Run,
+	}, nil
+}
+
+func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartResponse, error) {
+	s.mu.Lock()
+	if s.status != shimv1.Status_CREATED {
+		st := s.status
+		s.mu.Unlock()
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s: cannot start a run that is %s", s.rec.ID, strings.ToLower(st.String())))
+	}
+	s.status = shimv1.Status_RUNNING // no second Start gets past here
+	s.mu.Unlock()
+
+	pid, err := s.launch()
+	if err != nil {
+		s.log.WithError(err).Error("start runtime")
+		s.finish(-1, err.Error())
+		return nil, errdefs.ToStatus(err)
+	}
+	return &shimv1.StartResponse{Pid: uint32(pid)}, nil
+}
+
+func (s *service) State(context.Context, *shimv1.StateRequest) (*shimv1.StateResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &shimv1.StateResponse{
+		SessionId: s.rec.ID, Run: s.rec.Run, Status: s.status,
+		ShimPid: uint32(os.Getpid()), Pid: uint32(s.pid),
+		Limits: s.rec.Spec.LimitsNote,
+	}
+	if len(s.cg.Dirs) > 0 {
+		resp.Cgroup = s.cg.Dirs[0]
+	}
+	if !s.startedAt.IsZero() {
+		resp.StartedAt = timestamppb.New(s.startedAt)
+	}
+	if s.exit != nil {
+		resp.ExitCode = int32(s.exit.ExitCode)
+		resp.Reason = s.exit.Reason
+		resp.ExitedAt = timestamppb.New(s.exit.ExitedAt)
+	}
+	return resp, nil
+}
+
+func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.KillResponse, error) {
+	sig := syscall.Signal(req.Signal)
+	if sig == 0 {
+		sig = syscall.SIGKILL
+	}
+	if req.All {
+		if !s.signalAll(sig) {
+			return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
+		}
+		return &shimv1.KillResponse{}, nil
+	}
+	s.mu.Lock()
+	pid, running := s.pid, s.status == shimv1.Status_RUNNING && s.exit == nil
+	s.mu.Unlock()
+	if !running || pid <= 1 {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return nil, errdefs.ToStatus(fmt.Errorf("signal runtime: %w", err))
+	}
+	return &shimv1.KillResponse{}, nil
+}
+
+// signalAll signals every process of the session: the runtime's process
+// group and whatever else is in its cgroup. It reports whether a run was
+// there to signal.
+func (s *service) signalAll(sig syscall.Signal) bool {
+	s.mu.Lock()
+	pid, running := s.pid, s.status == shimv1.Status_RUNNING && s.exit == nil
+	s.mu.Unlock()
+	if !running || pid <= 1 {
+		return false
+	}
+	killGroup(pid, sig)
+	if pids, err := s.cg.Procs(); err == nil {
+		for _, p := range pids {
+			syscall.Kill(p, sig)
+		}
+	}
+	return true
+}
+
+func (s *service) Wait(ctx context.Context, _ *shimv1.WaitRequest) (*shimv1.WaitResponse, error) {
+	select {
+	case <-s.exited:
+	case <-ctx.Done():
+		return nil, errdefs.ToStatus(ctx.Err())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &shimv1.WaitResponse{
+		ExitCode: int32(s.exit.ExitCode), Reason: s.exit.Reason, ExitedAt: timestamppb.New(s.exit.ExitedAt),
+	}, nil
+}
+
+func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest) (*shimv1.WriteStdinResponse, error) {
+	if len(req.Data) > MaxStdinWrite {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), MaxStdinWrite))
+	}
+	s.stdinMu.Lock()
+	defer s.stdinMu.Unlock()
+	s.mu.Lock()
+	f, closed := s.stdin, s.stdinClosed
+	s.mu.Unlock()
+	if f == nil {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s has not started", s.rec.ID))
+	}
+	if closed {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("stdin of session %s is closed", s.rec.ID))
+	}
+	// A runtime that does not read blocks the write; the caller's deadline
+	// or cancellation ends it.
+	f.SetWriteDeadline(time.Time{})
+	if d, ok := ctx.Deadline(); ok {
+		f.SetWriteDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { f.SetWriteDeadline(time.Now()) })
+	defer stop()
+	n, err := f.Write(req.Data)
+	if err != nil {
+		switch {
+		case errors.Is(err, syscall.EPIPE):
+			err = errdefs.FailedPrecondition("the runtime of session %s closed its stdin", s.rec.ID)
+		case errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() != nil:
+			err = ctx.Err()
+		case errors.Is(err, os.ErrClosed):
+			err = errdefs.FailedPrecondition("stdin of session %s is closed", s.rec.ID)
+		}
+		return &shimv1.WriteStdinResponse{Written: uint32(n)}, errdefs.ToStatus(err)
+	}
+	return &shimv1.WriteStdinResponse{Written: uint32(n)}, nil
+}
+
+func (s *service) CloseStdin(context.Context, *shimv1.CloseStdinRequest) (*shimv1.CloseStdinResponse, error) {
+	s.mu.Lock()
+	f := s.stdin
+	s.stdinClosed = true
+	s.mu.Unlock()
+	if f != nil {
+		f.Close() // a write blocked on it returns
+	}
+	return &shimv1.CloseStdinResponse{}, nil
+}
+
+func (s *service) Stats(context.Context, *shimv1.StatsRequest) (*shimv1.StatsResponse, error) {
+	if len(s.cg.Dirs) == 0 {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s has no cgroup: %s", s.rec.ID, s.rec.Spec.LimitsNote))
+	}
+	st := s.cg.Stats()
+	return &shimv1.StatsResponse{MemoryBytes: st.MemoryBytes, Pids: st.Pids, CpuUsageNs: st.CPUUsageNs}, nil
+}
+
+func (s *service) Shutdown(context.Context, *shimv1.ShutdownRequest) (*shimv1.ShutdownResponse, error) {
+	s.mu.Lock()
+	st := s.status
+	s.mu.Unlock()
+	if st == shimv1.Status_RUNNING {
+		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is running: stop it first", s.rec.ID))
+	}
+	s.stopOnce.Do(func() { close(s.shutdown) })
+	return &shimv1.ShutdownResponse{}, nil
+}
