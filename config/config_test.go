@@ -42,12 +42,12 @@ func TestParseRules(t *testing.T) {
 			name: "microsandbox object offers it with settings",
 			json: `{"sandbox": {"microsandbox": {"cpus": 4, "memoryMiB": 4096, "diskGiB": 20, "image": "registry.example.com/x:y", "accelerator": "tcg", "transport": "serial"}}}`,
 			host: true, srt: true, ms: true,
-			vm:   VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial"},
+			vm: VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial"},
 		},
 		{
 			name: "partial microsandbox object keeps other defaults", json: `{"sandbox": {"microsandbox": {"memoryMiB": 512}}}`,
 			host: true, srt: true, ms: true,
-			vm:   VM{CPUs: 2, MemoryMiB: 512, DiskGiB: 10, Accelerator: "kvm", Transport: "vsock"},
+			vm: VM{CPUs: 2, MemoryMiB: 512, DiskGiB: 10, Accelerator: "kvm", Transport: "vsock"},
 		},
 		{
 			name: "retired requireSandbox true turns host off", json: `{"security": {"requireSandbox": true}}`,
