@@ -99,9 +99,16 @@ func (l Layout) Create() error {
 		}
 	}
 	// The home may have been made by hand with a looser mode: the sessions,
-	// sockets and agent secrets in it are for the daemon user alone.
-	if err := os.Chmod(l.Root, 0o700); err != nil {
+	// sockets and agent secrets in it are for the daemon user alone (a
+	// socketGroup may traverse it to reach the admin socket).
+	fi, err := os.Stat(l.Root)
+	if err != nil {
 		return fmt.Errorf("create home: %w", err)
+	}
+	if fi.Mode().Perm()&0o027 != 0 {
+		if err := os.Chmod(l.Root, 0o700); err != nil {
+			return fmt.Errorf("create home: %w", err)
+		}
 	}
 	return nil
 }
@@ -167,8 +174,9 @@ func shortBase() string {
 }
 
 // privateDir creates dir (and a missing parent) 0700 and checks that it is a
-// real directory owned by this user that nobody else can enter: in a shared
-// place such as /tmp another user could have made it first.
+// real directory owned by this user that nobody else can write to or list
+// (a socketGroup may traverse it): in a shared place such as /tmp another
+// user could have made it first.
 func privateDir(dir string) error {
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Mkdir(d, 0o700); err != nil && !os.IsExist(err) {
@@ -179,7 +187,7 @@ func privateDir(dir string) error {
 			return fmt.Errorf("create socket directory: %w", err)
 		}
 		st, _ := fi.Sys().(*syscall.Stat_t)
-		if !fi.IsDir() || st == nil || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 {
+		if !fi.IsDir() || st == nil || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o027 != 0 {
 			return fmt.Errorf("socket directory %s is not a private directory of this user (remove it and try again)", d)
 		}
 	}

@@ -245,6 +245,7 @@ type StatusResponse struct {
 	Running         uint32                 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
 	Args            []string               `protobuf:"bytes,13,rep,name=args,proto3" json:"args,omitempty"`                                              // the daemon's command line
 	DefaultStrategy string                 `protobuf:"bytes,14,opt,name=default_strategy,json=defaultStrategy,proto3" json:"default_strategy,omitempty"` // what a new agent gets
+	SystemdUser     bool                   `protobuf:"varint,15,opt,name=systemd_user,json=systemdUser,proto3" json:"systemd_user,omitempty"`            // the unit is a user unit (systemctl --user)
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -375,6 +376,13 @@ func (x *StatusResponse) GetDefaultStrategy() string {
 		return x.DefaultStrategy
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetSystemdUser() bool {
+	if x != nil {
+		return x.SystemdUser
+	}
+	return false
 }
 
 type Mount struct {
@@ -2087,7 +2095,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\aCgroups\x12\x1c\n" +
 	"\tavailable\x18\x01 \x01(\bR\tavailable\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\tR\x04mode\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x84\x04\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa7\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
@@ -2107,7 +2115,8 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\bsessions\x18\v \x01(\rR\bsessions\x12\x18\n" +
 	"\arunning\x18\f \x01(\rR\arunning\x12\x12\n" +
 	"\x04args\x18\r \x03(\tR\x04args\x12)\n" +
-	"\x10default_strategy\x18\x0e \x01(\tR\x0fdefaultStrategy\"S\n" +
+	"\x10default_strategy\x18\x0e \x01(\tR\x0fdefaultStrategy\x12!\n" +
+	"\fsystemd_user\x18\x0f \x01(\bR\vsystemdUser\"S\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1a\n" +

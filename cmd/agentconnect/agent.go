@@ -1,0 +1,429 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/agent"
+)
+
+func newAgentCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Define, list, change and remove agents",
+	}
+	cmd.AddCommand(newAgentCreateCommand(g), newAgentListCommand(g), newAgentShowCommand(g),
+		newAgentEditCommand(g), newAgentRemoveCommand(g))
+	return cmd
+}
+
+// agentFlags are the settings create and edit share.
+type agentFlags struct {
+	strategy        string
+	workspace       string
+	sharedWorkspace string
+	mounts          []string
+	env             []string
+	envFile         string
+	allowDomains    []string
+	denyDomains     []string
+	nestedSandbox   bool
+	cpus            int
+	memoryMiB       int
+	diskGiB         int
+	pids            int
+	asJSON          bool
+}
+
+func (f *agentFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.strategy, "strategy", "", "execution strategy: host, srt or microsandbox (default: host where it can run, else the first available sandbox)")
+	fs.StringVar(&f.workspace, "workspace", "", "the workspace, a directory inside the agent directory (default \"workspace\")")
+	fs.StringVar(&f.sharedWorkspace, "shared-workspace", "", "use this host directory as the workspace, declared as shared")
+	fs.StringArrayVar(&f.mounts, "mount", nil, "share a host path: SRC:DST[:ro|rw] or type=bind,src=S,dst=D[,readonly] (read-only unless rw; repeatable)")
+	fs.StringArrayVar(&f.env, "env", nil, "set K=V, or K to take its value from this shell (repeatable)")
+	fs.StringVar(&f.envFile, "env-file", "", "read K=V lines from a file (# comments, blank lines ignored)")
+	fs.StringArrayVar(&f.allowDomains, "allow-domain", nil, "allow network access to a domain (example.com, *.example.com, host:port; repeatable)")
+	fs.StringArrayVar(&f.denyDomains, "deny-domain", nil, "deny network access to a domain (wins over allow; repeatable)")
+	fs.BoolVar(&f.nestedSandbox, "nested-sandbox", false, "srt: let the runtime start its own sandbox inside (bwrap); off by default")
+	fs.IntVar(&f.cpus, "cpus", 0, "cpus: a cgroup limit for host and srt sessions, the VM size for microsandbox")
+	fs.IntVar(&f.memoryMiB, "memory-mib", 0, "memory in MiB: a cgroup limit for host and srt sessions, the VM size for microsandbox")
+	fs.IntVar(&f.diskGiB, "disk-gib", 0, "microsandbox: capacity of each writable VM disk in GiB")
+	fs.IntVar(&f.pids, "pids", 0, "the session's process limit (default 4096 where cgroups are available)")
+	fs.BoolVar(&f.asJSON, "json", false, "print the agent as JSON")
+}
+
+// apply sets the fields of a whose flags were given.
+func (f *agentFlags) apply(fs *pflag.FlagSet, a *adminv1.Agent) error {
+	changed := fs.Changed
+	if changed("strategy") {
+		a.Strategy = f.strategy
+	}
+	if changed("workspace") {
+		a.Workspace, a.SharedWorkspace = f.workspace, ""
+	}
+	if changed("shared-workspace") {
+		a.SharedWorkspace, a.Workspace = f.sharedWorkspace, ""
+	}
+	if changed("mount") {
+		a.Mounts = nil
+		for _, s := range f.mounts {
+			m, err := agent.ParseMount(s)
+			if err != nil {
+				return err
+			}
+			a.Mounts = append(a.Mounts, &adminv1.Mount{Source: m.Source, Target: m.Target, Readonly: m.ReadOnly})
+		}
+	}
+	if changed("env") || changed("env-file") {
+		var env []string
+		if f.envFile != "" {
+			fileEnv, err := readEnvFile(f.envFile)
+			if err != nil {
+				return err
+			}
+			env = append(env, fileEnv...)
+		}
+		for _, kv := range f.env {
+			env = append(env, expandEnv(kv))
+		}
+		a.Env = env
+	}
+	if changed("allow-domain") {
+		a.AllowedDomains = f.allowDomains
+	}
+	if changed("deny-domain") {
+		a.DeniedDomains = f.denyDomains
+	}
+	if changed("nested-sandbox") {
+		a.NestedSandbox = f.nestedSandbox
+	}
+	if a.Resources == nil {
+		a.Resources = &adminv1.Resources{}
+	}
+	for _, r := range []struct {
+		flag string
+		v    int
+		dst  *uint32
+	}{{"cpus", f.cpus, &a.Resources.Cpus}, {"memory-mib", f.memoryMiB, &a.Resources.MemoryMib},
+		{"disk-gib", f.diskGiB, &a.Resources.DiskGib}, {"pids", f.pids, &a.Resources.Pids}} {
+		if changed(r.flag) {
+			if r.v < 0 {
+				return fmt.Errorf("--%s %d: want 0 or more", r.flag, r.v)
+			}
+			*r.dst = uint32(r.v)
+		}
+	}
+	return nil
+}
+
+// expandEnv turns a bare K into K=<its value here>, as docker run -e does.
+func expandEnv(kv string) string {
+	if strings.Contains(kv, "=") {
+		return kv
+	}
+	return kv + "=" + os.Getenv(kv)
+}
+
+func readEnvFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--env-file: %w", err)
+	}
+	defer f.Close()
+	var env []string
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		env = append(env, expandEnv(line))
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--env-file %s: %w", path, err)
+	}
+	return env, nil
+}
+
+// splitDash splits args at "--": before it the positionals, after it a command.
+func splitDash(cmd *cobra.Command, args []string) (positional, command []string) {
+	if at := cmd.ArgsLenAtDash(); at >= 0 {
+		return args[:at], args[at:]
+	}
+	return args, nil
+}
+
+func newAgentCreateCommand(g *globals) *cobra.Command {
+	f := &agentFlags{}
+	var fromFile string
+	cmd := &cobra.Command{
+		Use:   "create NAME [flags] -- CMD [ARG...]",
+		Short: "Define an agent: a runtime command and the boundary its sessions run in",
+		Long: `Define an agent: its runtime command (after --) and the execution strategy its
+sessions run in, with its workspace, environment, mounts, network policy and limits.
+
+The agent gets a directory in the daemon home with workspace/, home/ (the
+runtime's private HOME), memory/ and tmp/ (its private TMPDIR). --workspace names
+a directory inside it; a workspace elsewhere must be declared with
+--shared-workspace. --from-file reads the settings from an agent.json; flags
+override it.`,
+		Example: `  agentconnect agent create claude -- claude-agent-acp
+  agentconnect agent create codex --strategy srt --allow-domain api.openai.com -- codex-acp
+  agentconnect agent create tools --mount /opt/tools:/opt/tools --env-file ./agent.env -- my-acp-runtime`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			positional, command := splitDash(cmd, args)
+			a := &adminv1.Agent{}
+			if fromFile != "" {
+				var err error
+				if a, err = readAgentFile(fromFile); err != nil {
+					return err
+				}
+			}
+			switch len(positional) {
+			case 0:
+				if a.Name == "" {
+					return fmt.Errorf("give the agent a NAME")
+				}
+			case 1:
+				a.Name = positional[0]
+			default:
+				return fmt.Errorf("too many arguments before --: %q (put the runtime command after --)", positional[1:])
+			}
+			if len(command) > 0 {
+				a.Command = command
+			}
+			if err := f.apply(cmd.Flags(), a); err != nil {
+				return err
+			}
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			created, err := c.admin.CreateAgent(cmd.Context(), &adminv1.CreateAgentRequest{Agent: a})
+			if err != nil {
+				return err
+			}
+			if f.asJSON {
+				return printJSON(cmd.OutOrStdout(), agentView(created))
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "agent %s created (strategy %s, directory %s)\n", created.Name, created.Strategy, created.Dir)
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	cmd.Flags().StringVar(&fromFile, "from-file", "", "read the agent from an agent.json (flags override it)")
+	return cmd
+}
+
+// readAgentFile reads an agent.json: the same keys as `agent show --json`.
+func readAgentFile(path string) (*adminv1.Agent, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--from-file: %w", err)
+	}
+	var v agentJSON
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("--from-file %s: %w", path, err)
+	}
+	a := &adminv1.Agent{
+		Name: v.Name, Strategy: v.Strategy, Command: v.Command, Env: v.Env, Workspace: v.Workspace,
+		SharedWorkspace: v.SharedWorkspace, AllowedDomains: v.AllowedDomains, DeniedDomains: v.DeniedDomains,
+		NestedSandbox: v.NestedSandbox,
+		Resources: &adminv1.Resources{Cpus: uint32(v.Resources.CPUs), MemoryMib: uint32(v.Resources.MemoryMiB),
+			DiskGib: uint32(v.Resources.DiskGiB), Pids: uint32(v.Resources.Pids)},
+	}
+	for _, m := range v.Mounts {
+		a.Mounts = append(a.Mounts, &adminv1.Mount{Source: m.Source, Target: m.Target, Readonly: m.ReadOnly})
+	}
+	return a, nil
+}
+
+func newAgentListCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List agents",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			resp, err := c.admin.ListAgents(cmd.Context(), &adminv1.ListAgentsRequest{})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				out := []agentJSON{}
+				for _, a := range resp.Agents {
+					out = append(out, agentView(a))
+				}
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			rows := [][]string{{"NAME", "STRATEGY", "COMMAND", "WORKSPACE"}}
+			for _, a := range resp.Agents {
+				strat := a.Strategy
+				if !a.Offered {
+					strat += " (not offered)"
+				}
+				ws := a.Workspace
+				if a.SharedWorkspace != "" {
+					ws = a.SharedWorkspace + " (shared)"
+				}
+				rows = append(rows, []string{a.Name, strat, strings.Join(a.Command, " "), ws})
+			}
+			table(cmd.OutOrStdout(), rows)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newAgentShowCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show an agent",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			a, err := c.admin.GetAgent(cmd.Context(), &adminv1.GetAgentRequest{Name: args[0]})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), agentView(a))
+			}
+			printAgent(cmd.OutOrStdout(), a)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printAgent(w io.Writer, a *adminv1.Agent) {
+	fmt.Fprintf(w, "name:       %s\nid:         %s\n", a.Name, a.Id)
+	if a.Offered {
+		fmt.Fprintf(w, "strategy:   %s\n", a.Strategy)
+	} else {
+		fmt.Fprintf(w, "strategy:   %s  %s\n", a.Strategy, a.NotOffered)
+	}
+	fmt.Fprintf(w, "command:    %s\n", strings.Join(a.Command, " "))
+	if a.SharedWorkspace != "" {
+		fmt.Fprintf(w, "workspace:  %s (shared)\n", a.SharedWorkspace)
+	} else {
+		fmt.Fprintf(w, "workspace:  %s/%s\n", a.Dir, a.Workspace)
+	}
+	fmt.Fprintf(w, "directory:  %s\n", a.Dir)
+	for _, kv := range a.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		fmt.Fprintf(w, "env:        %s=…\n", k)
+	}
+	for _, m := range a.Mounts {
+		mode := "ro"
+		if !m.Readonly {
+			mode = "rw"
+		}
+		fmt.Fprintf(w, "mount:      %s -> %s (%s)\n", m.Source, m.Target, mode)
+	}
+	if len(a.AllowedDomains) > 0 {
+		fmt.Fprintf(w, "allow:      %s\n", strings.Join(a.AllowedDomains, ", "))
+	}
+	if len(a.DeniedDomains) > 0 {
+		fmt.Fprintf(w, "deny:       %s\n", strings.Join(a.DeniedDomains, ", "))
+	}
+	if a.NestedSandbox {
+		fmt.Fprintln(w, "nested sandbox: on")
+	}
+	if r := a.Resources; r != nil && (r.Cpus|r.MemoryMib|r.DiskGib|r.Pids) != 0 {
+		fmt.Fprintf(w, "resources:  cpus %d, memory %d MiB, disk %d GiB, pids %d\n", r.Cpus, r.MemoryMib, r.DiskGib, r.Pids)
+	}
+}
+
+func newAgentEditCommand(g *globals) *cobra.Command {
+	f := &agentFlags{}
+	var rename string
+	cmd := &cobra.Command{
+		Use:   "edit NAME [flags] [-- CMD [ARG...]]",
+		Short: "Change an agent's settings",
+		Long: `Change the settings given as flags (and the command, when given after --); the
+others stay. A list flag (--mount, --env, --allow-domain, --deny-domain) replaces
+the whole list. Running sessions keep the settings they started with.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			positional, command := splitDash(cmd, args)
+			if len(positional) != 1 {
+				return fmt.Errorf("give the NAME of the agent to edit")
+			}
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			a, err := c.admin.GetAgent(cmd.Context(), &adminv1.GetAgentRequest{Name: positional[0]})
+			if err != nil {
+				return err
+			}
+			if len(command) > 0 {
+				a.Command = command
+			}
+			if rename != "" {
+				a.Name = rename
+			}
+			if err := f.apply(cmd.Flags(), a); err != nil {
+				return err
+			}
+			updated, err := c.admin.UpdateAgent(cmd.Context(), &adminv1.UpdateAgentRequest{Name: positional[0], Agent: a})
+			if err != nil {
+				return err
+			}
+			if f.asJSON {
+				return printJSON(cmd.OutOrStdout(), agentView(updated))
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "agent %s updated\n", updated.Name)
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	cmd.Flags().StringVar(&rename, "name", "", "rename the agent")
+	return cmd
+}
+
+func newAgentRemoveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"remove"},
+		Short:   "Remove an agent, its directory and its sessions",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.admin.DeleteAgent(cmd.Context(), &adminv1.DeleteAgentRequest{Name: args[0]}); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "agent %s removed\n", args[0])
+			return nil
+		},
+	}
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+)
+
+// dialTimeout bounds connecting to the daemon.
+const dialTimeout = 2 * time.Second
+
+// errNoDaemon is returned when nothing answers on the admin socket.
+type errNoDaemon struct {
+	socket string
+	err    error
+}
+
+func (e *errNoDaemon) Error() string {
+	return fmt.Sprintf("no daemon is answering on %s (%v): start one with `agentconnect run`, or check `agentconnect status`", e.socket, e.err)
+}
+
+// client is a connection to the daemon.
+type client struct {
+	conn  *ttrpc.Client
+	admin adminv1.AdminClient
+}
+
+func (c *client) Close() { c.conn.Close() }
+
+func dial(ctx context.Context, socket string) (*client, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, &errNoDaemon{socket: socket, err: unwrapSyscall(err)}
+	}
+	c := ttrpc.NewClient(conn)
+	return &client{conn: c, admin: adminv1.NewAdminClient(c)}, nil
+}
+
+// connect dials the daemon the global flags name.
+func (g *globals) connect(ctx context.Context) (*client, error) {
+	socket, err := g.socketPath()
+	if err != nil {
+		return nil, err
+	}
+	return dial(ctx, socket)
+}
+
+func unwrapSyscall(err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno
+	}
+	return err
+}
+
+// retryable reports whether an error means the daemon went away (a restart)
+// rather than that it refused the request.
+func retryable(err error) bool {
+	var nd *errNoDaemon
+	if errors.As(err, &nd) || errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, ttrpc.ErrStreamFull) {
+		return true
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable && st.Message() == ttrpc.ErrClosed.Error()
+	}
+	return false
+}

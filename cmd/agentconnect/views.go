@@ -1,0 +1,207 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+)
+
+// The JSON views: camelCase keys, every field present, integers as numbers,
+// lists never null, times as RFC 3339 or "".
+
+type strategyJSON struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	Reason    string `json:"reason"`
+}
+
+type cgroupsJSON struct {
+	Available bool   `json:"available"`
+	Mode      string `json:"mode"`
+	Reason    string `json:"reason"`
+}
+
+type statusJSON struct {
+	Daemon          string         `json:"daemon"`
+	Version         string         `json:"version"`
+	PID             int            `json:"pid"`
+	Home            string         `json:"home"`
+	StartedAt       string         `json:"startedAt"`
+	Strategies      []strategyJSON `json:"strategies"`
+	DefaultStrategy string         `json:"defaultStrategy"`
+	RequireSandbox  bool           `json:"requireSandbox"`
+	Cgroups         cgroupsJSON    `json:"cgroups"`
+	ConfigPath      string         `json:"configPath"`
+	Warnings        []string       `json:"warnings"`
+	SystemdUnit     string         `json:"systemdUnit"`
+	Sessions        int            `json:"sessions"`
+	RunningSessions int            `json:"runningSessions"`
+	Args            []string       `json:"args"`
+}
+
+type mountJSON struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readonly"`
+}
+
+type resourcesJSON struct {
+	CPUs      int `json:"cpus"`
+	MemoryMiB int `json:"memoryMiB"`
+	DiskGiB   int `json:"diskGiB"`
+	Pids      int `json:"pids"`
+}
+
+type agentJSON struct {
+	ID              string        `json:"id"`
+	Name            string        `json:"name"`
+	Strategy        string        `json:"strategy"`
+	Offered         bool          `json:"offered"`
+	NotOffered      string        `json:"notOffered"`
+	Command         []string      `json:"command"`
+	Env             []string      `json:"env"`
+	Workspace       string        `json:"workspace"`
+	SharedWorkspace string        `json:"sharedWorkspace"`
+	Mounts          []mountJSON   `json:"mounts"`
+	AllowedDomains  []string      `json:"allowedDomains"`
+	DeniedDomains   []string      `json:"deniedDomains"`
+	NestedSandbox   bool          `json:"nestedSandbox"`
+	Resources       resourcesJSON `json:"resources"`
+	CreatedAt       string        `json:"createdAt"`
+	Dir             string        `json:"dir"`
+}
+
+type sessionJSON struct {
+	ID          string   `json:"id"`
+	Agent       string   `json:"agent"`
+	AgentID     string   `json:"agentId"`
+	Strategy    string   `json:"strategy"`
+	State       string   `json:"state"`
+	PID         int      `json:"pid"`
+	ExitCode    int      `json:"exitCode"`
+	Reason      string   `json:"reason"`
+	Run         int      `json:"run"`
+	CreatedAt   string   `json:"createdAt"`
+	StartedAt   string   `json:"startedAt"`
+	ExitedAt    string   `json:"exitedAt"`
+	OutputBytes int64    `json:"outputBytes"`
+	Command     []string `json:"command"`
+	ShimPID     int      `json:"shimPid"`
+	Cgroup      string   `json:"cgroup"`
+	Limits      string   `json:"limits"`
+}
+
+type eventJSON struct {
+	Time      string `json:"time"`
+	Type      string `json:"type"`
+	SessionID string `json:"sessionId"`
+	Agent     string `json:"agent"`
+	Message   string `json:"message"`
+	ExitCode  int    `json:"exitCode"`
+}
+
+func timeString(ts *timestamppb.Timestamp) string {
+	if ts == nil || (ts.Seconds == 0 && ts.Nanos == 0) {
+		return ""
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+func list[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func statusView(s *adminv1.StatusResponse) statusJSON {
+	v := statusJSON{
+		Daemon: "running", Version: s.Version, PID: int(s.Pid), Home: s.Home, StartedAt: timeString(s.StartedAt),
+		Strategies: []strategyJSON{}, DefaultStrategy: s.DefaultStrategy, RequireSandbox: s.RequireSandbox,
+		ConfigPath: s.ConfigPath, Warnings: list(s.Warnings), SystemdUnit: s.SystemdUnit,
+		Sessions: int(s.Sessions), RunningSessions: int(s.Running), Args: list(s.Args),
+	}
+	for _, st := range s.Strategies {
+		v.Strategies = append(v.Strategies, strategyJSON{Name: st.Name, Available: st.Available, Reason: st.Reason})
+	}
+	if c := s.Cgroups; c != nil {
+		v.Cgroups = cgroupsJSON{Available: c.Available, Mode: c.Mode, Reason: c.Reason}
+	}
+	return v
+}
+
+func agentView(a *adminv1.Agent) agentJSON {
+	v := agentJSON{
+		ID: a.Id, Name: a.Name, Strategy: a.Strategy, Offered: a.Offered, NotOffered: a.NotOffered,
+		Command: list(a.Command), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
+		Mounts: []mountJSON{}, AllowedDomains: list(a.AllowedDomains), DeniedDomains: list(a.DeniedDomains),
+		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir,
+	}
+	for _, m := range a.Mounts {
+		v.Mounts = append(v.Mounts, mountJSON{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})
+	}
+	if r := a.Resources; r != nil {
+		v.Resources = resourcesJSON{CPUs: int(r.Cpus), MemoryMiB: int(r.MemoryMib), DiskGiB: int(r.DiskGib), Pids: int(r.Pids)}
+	}
+	return v
+}
+
+func sessionView(s *adminv1.Session) sessionJSON {
+	return sessionJSON{
+		ID: s.Id, Agent: s.Agent, AgentID: s.AgentId, Strategy: s.Strategy, State: s.State,
+		PID: int(s.Pid), ExitCode: int(s.ExitCode), Reason: s.Reason, Run: int(s.Run),
+		CreatedAt: timeString(s.CreatedAt), StartedAt: timeString(s.StartedAt), ExitedAt: timeString(s.ExitedAt),
+		OutputBytes: int64(s.OutputBytes), Command: list(s.Command), ShimPID: int(s.ShimPid),
+		Cgroup: s.Cgroup, Limits: s.Limits,
+	}
+}
+
+func eventView(e *adminv1.Event) eventJSON {
+	return eventJSON{
+		Time: timeString(e.Time), Type: e.Type, SessionID: e.SessionId, Agent: e.Agent,
+		Message: e.Message, ExitCode: int(e.ExitCode),
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table writes aligned columns; the first row is the header.
+func table(w io.Writer, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+}
+
+// ago is a short age, for tables.
+func ago(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	d := time.Since(ts.AsTime())
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+func printJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
+}

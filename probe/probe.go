@@ -1,0 +1,75 @@
+// Package probe checks, for each execution strategy a daemon offers, whether
+// sessions can run in it here, and says why not. A check installs and
+// downloads nothing.
+package probe
+
+import (
+	"runtime"
+
+	"github.com/agentconnect-md/agentconnect/config"
+	"github.com/agentconnect-md/agentconnect/strategy"
+)
+
+// Result is one strategy's check.
+type Result struct {
+	Name      strategy.Name `json:"name"`
+	Available bool          `json:"available"`
+	Reason    string        `json:"reason"`
+}
+
+// checks are the live checks per strategy. A strategy this build cannot run
+// yet says so.
+var checks = map[strategy.Name]func(*config.Config) string{
+	strategy.Host: checkHost,
+	strategy.SRT: func(*config.Config) string {
+		return "this build of agentconnect cannot run srt sessions yet"
+	},
+	strategy.Microsandbox: func(*config.Config) string {
+		return "this build of agentconnect cannot run microsandbox sessions yet"
+	},
+}
+
+// Run checks every strategy in the order of strategy.All. A strategy the
+// config turns off is not checked: its reason is the config's.
+func Run(cfg *config.Config) []Result {
+	results := make([]Result, 0, len(strategy.All))
+	for _, n := range strategy.All {
+		r := Result{Name: n}
+		if !cfg.Offered[n] {
+			r.Reason = cfg.OffReason[n]
+		} else {
+			r.Reason = checks[n](cfg)
+			r.Available = r.Reason == ""
+		}
+		results = append(results, r)
+	}
+	return results
+}
+
+// AnyAvailable reports whether at least one strategy is available.
+func AnyAvailable(results []Result) bool {
+	for _, r := range results {
+		if r.Available {
+			return true
+		}
+	}
+	return false
+}
+
+// Default is the strategy a new agent gets: host where it can run, else the
+// first available sandbox; "" when none is available.
+func Default(results []Result) strategy.Name {
+	for _, r := range results {
+		if r.Available {
+			return r.Name
+		}
+	}
+	return ""
+}
+
+func checkHost(*config.Config) string {
+	if runtime.GOOS != "linux" {
+		return "host sessions need Linux"
+	}
+	return ""
+}

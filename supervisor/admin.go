@@ -1,0 +1,279 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/agentconnect-md/agentconnect/agent"
+	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/probe"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/shim"
+	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/version"
+)
+
+// adminService serves the admin API: it converts messages and maps errors
+// to status codes; the work is the Supervisor's.
+type adminService struct {
+	s *Supervisor
+}
+
+func (a *adminService) Status(context.Context, *adminv1.StatusRequest) (*adminv1.StatusResponse, error) {
+	s := a.s
+	unit, user := systemdUnit()
+	resp := &adminv1.StatusResponse{
+		Version: version.Version, Pid: uint32(os.Getpid()), Home: s.opts.Home,
+		StartedAt:       timestamppb.New(s.startedAt),
+		Cgroups:         &adminv1.Cgroups{Available: s.cgSupport.Available, Mode: s.cgSupport.Mode, Reason: s.cgSupport.Reason},
+		RequireSandbox:  !s.cfg.Offered[strategy.Host],
+		ConfigPath:      s.cfg.Path,
+		Warnings:        s.cfg.Warnings,
+		SystemdUnit:     unit,
+		SystemdUser:     user,
+		Args:            s.opts.Args,
+		DefaultStrategy: string(probe.Default(s.probes)),
+	}
+	for _, r := range s.probes {
+		resp.Strategies = append(resp.Strategies, &adminv1.Strategy{Name: string(r.Name), Available: r.Available, Reason: r.Reason})
+	}
+	for _, v := range s.listSessions("") {
+		resp.Sessions++
+		if v.State == session.Running {
+			resp.Running++
+		}
+	}
+	return resp, nil
+}
+
+func (a *adminService) CreateAgent(_ context.Context, req *adminv1.CreateAgentRequest) (*adminv1.Agent, error) {
+	if req.Agent == nil {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("no agent given"))
+	}
+	ag, err := a.s.createAgent(agentFromProto(req.Agent))
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return a.agentToProto(ag), nil
+}
+
+func (a *adminService) UpdateAgent(_ context.Context, req *adminv1.UpdateAgentRequest) (*adminv1.Agent, error) {
+	if req.Agent == nil {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("no agent given"))
+	}
+	ag, err := a.s.updateAgent(req.Name, agentFromProto(req.Agent))
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return a.agentToProto(ag), nil
+}
+
+func (a *adminService) GetAgent(_ context.Context, req *adminv1.GetAgentRequest) (*adminv1.Agent, error) {
+	ag, err := a.s.getAgent(req.Name)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return a.agentToProto(ag), nil
+}
+
+func (a *adminService) ListAgents(context.Context, *adminv1.ListAgentsRequest) (*adminv1.ListAgentsResponse, error) {
+	resp := &adminv1.ListAgentsResponse{}
+	for _, ag := range a.s.listAgents() {
+		resp.Agents = append(resp.Agents, a.agentToProto(ag))
+	}
+	return resp, nil
+}
+
+func (a *adminService) DeleteAgent(_ context.Context, req *adminv1.DeleteAgentRequest) (*adminv1.DeleteAgentResponse, error) {
+	if err := a.s.deleteAgent(req.Name); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &adminv1.DeleteAgentResponse{}, nil
+}
+
+func (a *adminService) StartSession(_ context.Context, req *adminv1.StartSessionRequest) (*adminv1.Session, error) {
+	if len(req.Command) > 0 && req.Command[0] == "" {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("empty command"))
+	}
+	v, err := a.s.startSession(req.Agent, req.Command)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return sessionToProto(v), nil
+}
+
+func (a *adminService) ResumeSession(_ context.Context, req *adminv1.ResumeSessionRequest) (*adminv1.Session, error) {
+	v, err := a.s.resumeSession(req.Id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return sessionToProto(v), nil
+}
+
+func (a *adminService) ListSessions(_ context.Context, req *adminv1.ListSessionsRequest) (*adminv1.ListSessionsResponse, error) {
+	resp := &adminv1.ListSessionsResponse{}
+	for _, v := range a.s.listSessions(req.Agent) {
+		resp.Sessions = append(resp.Sessions, sessionToProto(v))
+	}
+	return resp, nil
+}
+
+func (a *adminService) GetSession(_ context.Context, req *adminv1.GetSessionRequest) (*adminv1.Session, error) {
+	ss, err := a.s.lookupSession(req.Id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return sessionToProto(ss.view()), nil
+}
+
+func (a *adminService) StopSession(_ context.Context, req *adminv1.StopSessionRequest) (*adminv1.Session, error) {
+	v, err := a.s.stopSession(req.Id, time.Duration(req.TimeoutSeconds)*time.Second)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return sessionToProto(v), nil
+}
+
+func (a *adminService) KillSession(_ context.Context, req *adminv1.KillSessionRequest) (*adminv1.KillSessionResponse, error) {
+	sig := syscall.Signal(req.Signal)
+	if sig == 0 {
+		sig = syscall.SIGKILL
+	}
+	if sig < 1 || sig > 64 {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("signal %d: want 1 to 64", req.Signal))
+	}
+	if err := a.s.killSession(req.Id, sig); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &adminv1.KillSessionResponse{}, nil
+}
+
+func (a *adminService) WaitSession(ctx context.Context, req *adminv1.WaitSessionRequest) (*adminv1.Session, error) {
+	v, err := a.s.waitSession(ctx, req.Id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return sessionToProto(v), nil
+}
+
+func (a *adminService) RemoveSession(_ context.Context, req *adminv1.RemoveSessionRequest) (*adminv1.RemoveSessionResponse, error) {
+	if err := a.s.removeSession(req.Id, req.Force); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &adminv1.RemoveSessionResponse{}, nil
+}
+
+func (a *adminService) WriteStdin(ctx context.Context, req *adminv1.WriteStdinRequest) (*adminv1.WriteStdinResponse, error) {
+	if len(req.Data) > shim.MaxStdinWrite {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shim.MaxStdinWrite))
+	}
+	n, err := a.s.writeStdin(ctx, req.Id, req.Data)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &adminv1.WriteStdinResponse{Written: uint32(n)}, nil
+}
+
+func (a *adminService) CloseStdin(ctx context.Context, req *adminv1.CloseStdinRequest) (*adminv1.CloseStdinResponse, error) {
+	if err := a.s.closeStdin(ctx, req.Id); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &adminv1.CloseStdinResponse{}, nil
+}
+
+func (a *adminService) Attach(ctx context.Context, req *adminv1.AttachRequest, srv adminv1.Admin_AttachServer) error {
+	return errdefs.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, srv.Send))
+}
+
+func (a *adminService) Events(ctx context.Context, req *adminv1.EventsRequest, srv adminv1.Admin_EventsServer) error {
+	if !req.Follow {
+		for _, e := range a.s.events.snapshot() {
+			if err := srv.Send(eventToProto(e)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	past, next, cancel := a.s.events.subscribe()
+	defer cancel()
+	for _, e := range past {
+		if err := srv.Send(eventToProto(e)); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case e, ok := <-next:
+			if !ok {
+				return errdefs.ToStatus(errdefs.ResourceExhausted("events: this reader fell more than %d events behind", subscriberBuffer))
+			}
+			if err := srv.Send(eventToProto(e)); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
+	p := &adminv1.Agent{
+		Id: ag.ID, Name: ag.Name, Strategy: string(ag.Strategy), Command: ag.Command, Env: ag.Env,
+		Workspace: ag.Workspace, SharedWorkspace: ag.SharedWorkspace,
+		AllowedDomains: ag.AllowedDomains, DeniedDomains: ag.DeniedDomains, NestedSandbox: ag.NestedSandbox,
+		Resources: &adminv1.Resources{
+			Cpus: uint32(ag.Resources.CPUs), MemoryMib: uint32(ag.Resources.MemoryMiB),
+			DiskGib: uint32(ag.Resources.DiskGiB), Pids: uint32(ag.Resources.Pids),
+		},
+		CreatedAt: timestamppb.New(ag.CreatedAt),
+		Dir:       a.s.store.AgentDir(ag.ID),
+	}
+	for _, m := range ag.Mounts {
+		p.Mounts = append(p.Mounts, &adminv1.Mount{Source: m.Source, Target: m.Target, Readonly: m.ReadOnly})
+	}
+	p.Offered, p.NotOffered = a.s.offered(ag)
+	return p
+}
+
+func agentFromProto(p *adminv1.Agent) agent.Agent {
+	ag := agent.Agent{
+		Name: p.Name, Strategy: strategy.Name(p.Strategy), Command: p.Command, Env: p.Env,
+		Workspace: p.Workspace, SharedWorkspace: p.SharedWorkspace,
+		AllowedDomains: p.AllowedDomains, DeniedDomains: p.DeniedDomains, NestedSandbox: p.NestedSandbox,
+	}
+	if r := p.Resources; r != nil {
+		ag.Resources = agent.Resources{CPUs: int(r.Cpus), MemoryMiB: int(r.MemoryMib), DiskGiB: int(r.DiskGib), Pids: int(r.Pids)}
+	}
+	for _, m := range p.Mounts {
+		ag.Mounts = append(ag.Mounts, agent.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})
+	}
+	return ag
+}
+
+func sessionToProto(v view) *adminv1.Session {
+	p := &adminv1.Session{
+		Id: v.ID, Agent: v.Agent, AgentId: v.AgentID, Strategy: string(v.Strategy), State: v.State,
+		Pid: uint32(v.PID), ExitCode: int32(v.ExitCode), Reason: v.Reason, Run: v.Run,
+		CreatedAt: timestamppb.New(v.CreatedAt), OutputBytes: uint64(v.OutputBytes), Command: v.Command,
+		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits,
+	}
+	if !v.StartedAt.IsZero() {
+		p.StartedAt = timestamppb.New(v.StartedAt)
+	}
+	if !v.ExitedAt.IsZero() {
+		p.ExitedAt = timestamppb.New(v.ExitedAt)
+	}
+	return p
+}
+
+func eventToProto(e event) *adminv1.Event {
+	return &adminv1.Event{
+		Time: timestamppb.New(e.Time), Type: e.Type, SessionId: e.SessionID, Agent: e.Agent,
+		Message: e.Message, ExitCode: int32(e.ExitCode),
+	}
+}

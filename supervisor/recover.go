@@ -1,0 +1,233 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/session"
+)
+
+const (
+	// recoverWorkers bounds how many session directories are read and how
+	// many shims are dialled at once on startup.
+	recoverWorkers = 64
+	// readoptInterval is how often a shim that is alive but did not answer
+	// is tried again.
+	readoptInterval = time.Second
+)
+
+// recoverSessions reads every session directory in parallel, reconnects to
+// the live shims, reconciles each session from its shim or its files, and
+// cleans up after the dead. Every step has a short deadline: a wedged or
+// missing shim never holds up the start.
+func (s *Supervisor) recoverSessions() {
+	entries, err := os.ReadDir(s.layout.SessionsDir())
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.WithError(err).Error("read sessions")
+		return
+	}
+	var ids []string
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".removing-") {
+			os.RemoveAll(filepath.Join(s.layout.SessionsDir(), name)) // a removal a crash interrupted
+			continue
+		}
+		if e.IsDir() && !strings.HasPrefix(name, ".") {
+			ids = append(ids, name)
+		}
+	}
+	start := time.Now()
+	results := make([]*sessionState, len(ids))
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < min(recoverWorkers, len(ids)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				results[i] = s.recoverSession(ids[i])
+			}
+		}()
+	}
+	for i := range ids {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+
+	live := map[string]bool{}
+	adopted := 0
+	s.mu.Lock()
+	for _, ss := range results {
+		if ss == nil {
+			continue
+		}
+		s.sessions[ss.id] = ss
+		if conn := ss.connection(); conn != nil {
+			live[conn.address] = true
+			adopted++
+			go s.monitor(ss, conn, ss.record().Run)
+		} else if ss.isRunning() {
+			if boot, _ := ss.dir.ReadBootstrap(); boot != nil {
+				live[boot.Address] = true
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.removeStraySockets(live)
+	if len(ids) > 0 {
+		s.log.WithFields(map[string]any{"sessions": len(ids), "adopted": adopted, "took": time.Since(start).Round(time.Millisecond).String()}).Info("sessions recovered")
+	}
+}
+
+// recoverSession reconciles one session directory. It returns nil for a
+// directory that is not a session (a start that never wrote session.json),
+// after removing it.
+func (s *Supervisor) recoverSession(id string) *sessionState {
+	dir := session.Dir(s.layout.SessionDir(id))
+	log := s.log.WithField("session", id)
+	rec, err := dir.ReadRecord()
+	if errors.Is(err, fs.ErrNotExist) {
+		os.RemoveAll(string(dir))
+		return nil
+	}
+	if err != nil {
+		log.WithError(err).Error("skipping a session whose session.json cannot be read")
+		return nil
+	}
+	ss := newSessionState(dir, rec)
+	log = log.WithField("agent", rec.Agent)
+	st, _ := dir.ReadStatus()
+	if st != nil && st.Run == rec.Run && st.State != session.Running {
+		ss.setEnded(st)
+		s.removeRunLeftovers(rec)
+		return ss
+	}
+	boot, _ := dir.ReadBootstrap()
+	if boot == nil || boot.Run != rec.Run {
+		ss.setEnded(s.lose(rec, st, "the supervisor stopped while this run was starting"))
+		log.Warn("session lost: its run never got a shim")
+		return ss
+	}
+	if !procstat.Alive(boot.PID, boot.StartTime) {
+		if st2, _ := dir.ReadStatus(); st2 != nil && st2.Run == rec.Run && st2.State != session.Running {
+			ss.setEnded(st2)
+			s.removeRunLeftovers(rec)
+			return ss
+		}
+		ss.setEnded(s.lose(rec, st, fmt.Sprintf("shim (pid %d) is gone and recorded no exit", boot.PID)))
+		log.Warn("session lost: its shim is gone")
+		return ss
+	}
+	if err := s.adopt(ss, boot); err != nil {
+		pid := 0
+		if st != nil {
+			pid = st.PID
+		}
+		ss.setUnanswered(pid, boot.PID, fmt.Sprintf("shim (pid %d) is alive but not answering: %v", boot.PID, err))
+		log.WithError(err).Warn("shim not answering; will try again")
+		go s.readopt(ss, boot)
+	}
+	return ss
+}
+
+// adopt connects to a live shim and takes the session's state from it.
+func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
+	conn, err := dialShim(s.ctx, boot)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	defer cancel()
+	state, err := conn.shim.State(ctx, &shimv1.StateRequest{})
+	if err != nil {
+		conn.close()
+		return fmt.Errorf("state: %w", err)
+	}
+	rec := ss.record()
+	switch state.Status {
+	case shimv1.Status_CREATED:
+		// The supervisor stopped between starting the shim and starting
+		// the runtime: finish the start that was asked for.
+		resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
+		if err != nil {
+			conn.close()
+			if st, _ := ss.dir.ReadStatus(); st != nil && st.Run == rec.Run && st.State != session.Running {
+				ss.setEnded(st)
+				return nil
+			}
+			return fmt.Errorf("start: %w", err)
+		}
+		ss.setRunning(conn, int(resp.Pid), time.Now())
+	case shimv1.Status_RUNNING:
+		ss.setRunning(conn, int(state.Pid), state.StartedAt.AsTime())
+	default:
+		// Exited: its status.json is written; collect it.
+		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+		conn.close()
+		st, _ := ss.dir.ReadStatus()
+		if st == nil || st.Run != rec.Run {
+			st = &session.Status{Run: rec.Run, State: session.Exited, ExitCode: int(state.ExitCode), Reason: state.Reason,
+				PID: int(state.Pid), StartedAt: state.StartedAt.AsTime(), ExitedAt: state.ExitedAt.AsTime()}
+		}
+		ss.setEnded(st)
+		s.removeRunLeftovers(rec)
+		return nil
+	}
+	s.events.add(event{Type: "session.adopted", SessionID: ss.id, Agent: rec.Agent, Message: fmt.Sprintf("shim pid %d", boot.PID)})
+	return nil
+}
+
+// readopt keeps trying a shim that is alive but did not answer, until it
+// answers, dies, or the supervisor stops.
+func (s *Supervisor) readopt(ss *sessionState, boot *session.Bootstrap) {
+	t := time.NewTicker(readoptInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		_, present := s.sessions[ss.id]
+		s.mu.Unlock()
+		if !present || ss.record().Run != boot.Run {
+			return
+		}
+		if !procstat.Alive(boot.PID, boot.StartTime) {
+			s.collectDeadShim(ss, boot.Run, boot.PID, boot.StartTime)
+			return
+		}
+		if err := s.adopt(ss, boot); err == nil {
+			if conn := ss.connection(); conn != nil {
+				s.sessionLog(ss).Info("shim answers again; session adopted")
+				go s.monitor(ss, conn, boot.Run)
+			}
+			return
+		}
+	}
+}
+
+// removeStraySockets deletes shim sockets that no live shim owns.
+func (s *Supervisor) removeStraySockets(live map[string]bool) {
+	entries, _ := os.ReadDir(s.socketDir)
+	for _, e := range entries {
+		path := filepath.Join(s.socketDir, e.Name())
+		if e.Name() == home.AdminSocketName || !strings.HasSuffix(e.Name(), ".sock") || live[path] {
+			continue
+		}
+		os.Remove(path)
+	}
+}

@@ -1,0 +1,559 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/agentconnect-md/agentconnect/agent"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/cgroupfs"
+	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/limits"
+	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/session"
+)
+
+const (
+	// DefaultStopTimeout is how long `session stop` waits after SIGTERM
+	// before it sends SIGKILL.
+	DefaultStopTimeout = 10 * time.Second
+	// killWait bounds waiting for a session to end after SIGKILL.
+	killWait = 10 * time.Second
+	// shimExitWait is how long a dropped connection waits for the shim
+	// process to be gone before deciding what happened to it.
+	shimExitWait = time.Second
+)
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+func (s *Supervisor) sessionLog(ss *sessionState) *logrus.Entry {
+	rec := ss.record()
+	return s.log.WithFields(logrus.Fields{"session": ss.id, "agent": rec.Agent})
+}
+
+// lookupSession finds a session by id or by a unique prefix of 4 or more.
+func (s *Supervisor) lookupSession(id string) (*sessionState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss, ok := s.sessions[id]; ok {
+		return ss, nil
+	}
+	var found *sessionState
+	if len(id) >= 4 {
+		for sid, ss := range s.sessions {
+			if strings.HasPrefix(sid, id) {
+				if found != nil {
+					return nil, errdefs.InvalidArgument("session id %q is ambiguous: give more of it", id)
+				}
+				found = ss
+			}
+		}
+	}
+	if found == nil {
+		return nil, errdefs.NotFound("no session %q (session ls lists them)", id)
+	}
+	return found, nil
+}
+
+func (s *Supervisor) listSessions(agentName string) []view {
+	s.mu.Lock()
+	all := make([]*sessionState, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	out := make([]view, 0, len(all))
+	for _, ss := range all {
+		v := ss.view()
+		if agentName == "" || v.Agent == agentName {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// buildSpec is what a run of a session of a executes: its runtime, its
+// environment, its directories resolved again now, and its limits.
+func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, error) {
+	if err := s.checkStrategy(a.Strategy); err != nil {
+		return session.Spec{}, fmt.Errorf("agent %s: %w", a.Name, err)
+	}
+	agentDir := s.store.AgentDir(a.ID)
+	if err := s.store.EnsureWorkspace(&a); err != nil {
+		return session.Spec{}, errdefs.FailedPrecondition("%v", err)
+	}
+	workspace := a.SharedWorkspace
+	if workspace == "" {
+		// Resolved again at every start: a symlink planted since must not
+		// move the workspace out of the agent directory.
+		ws, err := agent.ResolveInside(agentDir, a.Workspace)
+		if err != nil {
+			return session.Spec{}, errdefs.FailedPrecondition("agent %s: workspace %s: %v", a.Name, a.Workspace, err)
+		}
+		workspace = ws
+	} else if fi, err := os.Stat(workspace); err != nil || !fi.IsDir() {
+		return session.Spec{}, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
+	}
+	spec := session.Spec{
+		Command:   a.Command,
+		Workspace: workspace,
+		Home:      filepath.Join(agentDir, agent.HomeDir),
+		Tmp:       filepath.Join(agentDir, agent.TmpDir),
+		Memory:    filepath.Join(agentDir, agent.MemoryDir),
+		Limits: session.Limits{
+			Pids: int64(a.Resources.Pids), MemoryMiB: int64(a.Resources.MemoryMiB), CPUs: a.Resources.CPUs,
+		},
+	}
+	if len(command) > 0 {
+		spec.Command, spec.CommandOverride = command, true
+	}
+	for _, d := range []string{spec.Home, spec.Tmp, spec.Memory} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return session.Spec{}, fmt.Errorf("agent %s: %w", a.Name, err)
+		}
+	}
+	spec.Env = runtimeEnv(a.Env, spec.Home, spec.Tmp)
+	if s.cgroups == nil {
+		if a.Resources.AsksForLimits() {
+			return session.Spec{}, errdefs.FailedPrecondition(
+				"agent %s asks for limits (%s) but this daemon cannot apply them: %s", a.Name, describeLimits(spec.Limits), s.cgSupport.Reason)
+		}
+		spec.LimitsNote = "none: " + s.cgSupport.Reason
+	} else {
+		l := spec.Limits
+		if l.Pids == 0 {
+			l.Pids = limits.DefaultPids
+		}
+		spec.LimitsNote = describeLimits(l)
+	}
+	return spec, nil
+}
+
+func describeLimits(l session.Limits) string {
+	parts := []string{}
+	if l.Pids > 0 {
+		parts = append(parts, fmt.Sprintf("pids %d", l.Pids))
+	}
+	if l.MemoryMiB > 0 {
+		parts = append(parts, fmt.Sprintf("memory %d MiB", l.MemoryMiB))
+	}
+	if l.CPUs > 0 {
+		parts = append(parts, fmt.Sprintf("cpus %d", l.CPUs))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runtimeEnv is a runtime's whole environment: a clean base, the agent's
+// variables over it, then HOME and TMPDIR. The daemon's own environment,
+// secrets included, never leaks in.
+func runtimeEnv(agentEnv []string, homeDir, tmp string) []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = defaultPath
+	}
+	lang := os.Getenv("LANG")
+	if lang == "" {
+		lang = "C.UTF-8"
+	}
+	all := append([]string{"PATH=" + path, "LANG=" + lang, "TERM=dumb"}, agentEnv...)
+	all = append(all, "HOME="+homeDir, "TMPDIR="+tmp)
+	// The last value of a variable wins, kept in its first position.
+	index := map[string]int{}
+	var env []string
+	for _, kv := range all {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := index[k]; ok {
+			env[i] = kv
+			continue
+		}
+		index[k] = len(env)
+		env = append(env, kv)
+	}
+	return env
+}
+
+// startSession creates a session of the agent called agentName and runs it.
+func (s *Supervisor) startSession(agentName string, command []string) (view, error) {
+	s.mu.Lock()
+	a, err := s.agentByNameLocked(agentName)
+	var ag agent.Agent
+	if err == nil {
+		ag = *a
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return view{}, err
+	}
+	spec, err := s.buildSpec(ag, command)
+	if err != nil {
+		return view{}, err
+	}
+	id := agent.NewID()
+	dir := session.Dir(s.layout.SessionDir(id))
+	if err := os.Mkdir(string(dir), 0o700); err != nil {
+		return view{}, fmt.Errorf("create session: %w", err)
+	}
+	// The log exists from the start, so that followers can watch it.
+	if f, err := os.OpenFile(dir.OutputPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		f.Close()
+	}
+	rec := &session.Record{
+		ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
+		CreatedAt: time.Now().UTC(), Run: 1, Spec: spec,
+	}
+	ss := newSessionState(dir, rec)
+	ss.opMu.Lock()
+	defer ss.opMu.Unlock()
+	if err := s.startRun(ss, rec); err != nil {
+		os.RemoveAll(string(dir))
+		return view{}, err
+	}
+	s.mu.Lock()
+	s.sessions[id] = ss
+	s.mu.Unlock()
+	v := ss.view()
+	s.events.add(event{Type: "session.started", SessionID: id, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
+	return v, nil
+}
+
+// startRun starts one run of a session: its cgroup, its shim, its runtime.
+// On an error nothing of the run is left; a runtime that could not start
+// leaves the session exited with the reason.
+func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr error) {
+	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
+	if s.cgroups != nil {
+		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
+		if err != nil {
+			return err
+		}
+		rec.Spec.Cgroup = cg.Dirs
+		defer func() {
+			if retErr != nil {
+				cg.Remove()
+			}
+		}()
+	}
+	if err := ss.dir.WriteRecord(rec); err != nil {
+		return err
+	}
+	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
+	boot, err := s.bootstrapShim(ss.dir, socket)
+	if err != nil {
+		return err
+	}
+	conn, err := dialShim(s.ctx, boot)
+	if err != nil {
+		syscall.Kill(boot.PID, syscall.SIGKILL)
+		os.Remove(socket)
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
+	defer cancel()
+	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
+	if err != nil {
+		// The shim recorded why in status.json, and exits.
+		st, rerr := ss.dir.ReadStatus()
+		if rerr != nil || st == nil || st.Run != rec.Run {
+			st = &session.Status{Run: rec.Run, State: session.Exited, ExitCode: -1, Reason: errdefs.FromStatus(err).Error(), ExitedAt: time.Now()}
+		}
+		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+		conn.close()
+		ss.setEnded(st)
+		log.WithField("reason", st.Reason).Warn("session did not start")
+		return nil
+	}
+	ss.setRunning(conn, int(resp.Pid), time.Now())
+	log.WithFields(logrus.Fields{"pid": resp.Pid, "shim": boot.PID}).Info("session running")
+	go s.monitor(ss, conn, rec.Run)
+	return nil
+}
+
+// monitor waits for the end of a run through its shim, and records it.
+func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
+	resp, err := conn.shim.Wait(s.ctx, &shimv1.WaitRequest{})
+	if s.ctx.Err() != nil {
+		return // the supervisor is stopping; the shim carries on
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
+		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+		cancel()
+		conn.close()
+		st, rerr := ss.dir.ReadStatus()
+		if rerr != nil || st == nil || st.Run != run {
+			st = &session.Status{Run: run, State: session.Exited, ExitCode: int(resp.ExitCode), Reason: resp.Reason, ExitedAt: resp.ExitedAt.AsTime()}
+		}
+		s.ended(ss, st)
+		return
+	}
+	conn.close()
+	s.collectDeadShim(ss, run, conn.pid, conn.startTime)
+}
+
+// ended records the end of a run and tells whoever follows the events.
+func (s *Supervisor) ended(ss *sessionState, st *session.Status) {
+	ss.setEnded(st)
+	log := s.sessionLog(ss).WithFields(logrus.Fields{"exitCode": st.ExitCode, "reason": st.Reason})
+	if st.State == session.Lost {
+		log.Warn("session lost")
+	} else {
+		log.Info("session exited")
+	}
+	s.events.add(event{Type: "session." + st.State, SessionID: ss.id, Agent: ss.record().Agent, ExitCode: st.ExitCode, Message: st.Reason})
+}
+
+// collectDeadShim decides what happened to a run whose shim connection
+// dropped: an exit the shim recorded, or a lost session, cleaned up.
+func (s *Supervisor) collectDeadShim(ss *sessionState, run uint32, shimPID int, shimStart uint64) {
+	deadline := time.Now().Add(shimExitWait)
+	for procstat.Alive(shimPID, shimStart) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if procstat.Alive(shimPID, shimStart) {
+		// The shim lives but its connection broke: adopt it again.
+		boot, _ := ss.dir.ReadBootstrap()
+		if boot != nil && boot.PID == shimPID {
+			go s.readopt(ss, boot)
+			return
+		}
+	}
+	st, _ := ss.dir.ReadStatus()
+	if st != nil && st.Run == run && st.State != session.Running {
+		s.ended(ss, st)
+		return
+	}
+	s.ended(ss, s.lose(ss.record(), st, fmt.Sprintf("shim (pid %d) died without recording an exit", shimPID)))
+}
+
+// lose marks a run lost: it kills what is left of it, removes its cgroup
+// and socket, and records the reason in status.json.
+func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason string) *session.Status {
+	st := &session.Status{Run: rec.Run, State: session.Lost, ExitCode: -1, Reason: reason, ExitedAt: time.Now().UTC()}
+	if last != nil && last.Run == rec.Run {
+		st.PID, st.StartedAt = last.PID, last.StartedAt
+		// The runtime died with its shim (Pdeathsig); its children may not
+		// have: they are in its process group and its cgroup.
+		if last.PID > 1 {
+			syscall.Kill(-last.PID, syscall.SIGKILL)
+		}
+	}
+	s.removeRunLeftovers(rec)
+	if err := session.Dir(s.layout.SessionDir(rec.ID)).WriteStatus(st); err != nil {
+		s.log.WithError(err).WithField("session", rec.ID).Error("record lost session")
+	}
+	return st
+}
+
+// removeRunLeftovers kills and removes a run's cgroup and its socket.
+func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
+	if len(rec.Spec.Cgroup) > 0 {
+		cg := cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup}
+		if err := cg.Kill(killWait); err != nil {
+			s.log.WithError(err).WithField("session", rec.ID).Warn("kill what is left of the session")
+		}
+		cg.Remove()
+	}
+	os.Remove(home.ShimSocket(s.socketDir, rec.ID, rec.Run))
+}
+
+// stopSession ends the run: SIGTERM to every process of the session, then
+// SIGKILL after the timeout.
+func (s *Supervisor) stopSession(id string, timeout time.Duration) (view, error) {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return view{}, err
+	}
+	ss.opMu.Lock()
+	defer ss.opMu.Unlock()
+	if err := s.endRun(ss, timeout); err != nil {
+		return view{}, err
+	}
+	return ss.view(), nil
+}
+
+// endRun stops a running session and waits until its end is recorded.
+func (s *Supervisor) endRun(ss *sessionState, timeout time.Duration) error {
+	if !ss.isRunning() {
+		return nil
+	}
+	if timeout == 0 {
+		timeout = DefaultStopTimeout
+	}
+	conn := ss.connection()
+	if conn == nil {
+		return errdefs.Unavailable("the shim of session %s is not answering; try again", ss.id)
+	}
+	s.sessionLog(ss).WithField("timeout", timeout).Info("stopping session")
+	for _, step := range []struct {
+		sig  syscall.Signal
+		wait time.Duration
+	}{{syscall.SIGTERM, timeout}, {syscall.SIGKILL, killWait}} {
+		ctx, cancel := context.WithTimeout(s.ctx, step.wait)
+		conn.shim.Kill(ctx, &shimv1.KillRequest{Signal: uint32(step.sig), All: true})
+		err := ss.wait(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return errdefs.Unavailable("session %s did not end after SIGKILL", ss.id)
+}
+
+func (s *Supervisor) killSession(id string, sig syscall.Signal) error {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return err
+	}
+	conn := ss.connection()
+	if !ss.isRunning() || conn == nil {
+		return errdefs.FailedPrecondition("session %s is not running", ss.id)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
+	defer cancel()
+	if _, err := conn.shim.Kill(ctx, &shimv1.KillRequest{Signal: uint32(sig)}); err != nil {
+		return errdefs.FromStatus(err)
+	}
+	return nil
+}
+
+// resumeSession runs a session that is not running again: same id, its log
+// continuing after the old output, with the agent's current settings.
+func (s *Supervisor) resumeSession(id string) (view, error) {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return view{}, err
+	}
+	ss.opMu.Lock()
+	defer ss.opMu.Unlock()
+	if ss.isRunning() {
+		return view{}, errdefs.FailedPrecondition("session %s is running", ss.id)
+	}
+	old := ss.record()
+	s.mu.Lock()
+	a, ok := s.agents[old.AgentID]
+	var ag agent.Agent
+	if ok {
+		ag = *a
+	}
+	s.mu.Unlock()
+	if !ok {
+		return view{}, errdefs.FailedPrecondition("the agent of session %s (%s) was removed", ss.id, old.Agent)
+	}
+	var command []string
+	if old.Spec.CommandOverride {
+		command = old.Spec.Command
+	}
+	spec, err := s.buildSpec(ag, command)
+	if err != nil {
+		return view{}, err
+	}
+	rec := *old
+	rec.Run, rec.Spec, rec.Agent, rec.Strategy = old.Run+1, spec, ag.Name, ag.Strategy
+	ss.mu.Lock()
+	ss.rec = &rec
+	ss.mu.Unlock()
+	if err := s.startRun(ss, &rec); err != nil {
+		ss.mu.Lock()
+		ss.rec = old
+		ss.mu.Unlock()
+		ss.dir.WriteRecord(old)
+		return view{}, err
+	}
+	s.events.add(event{Type: "session.resumed", SessionID: ss.id, Agent: ag.Name, Message: fmt.Sprintf("run %d", rec.Run)})
+	return ss.view(), nil
+}
+
+// removeSession deletes a session and everything it owns.
+func (s *Supervisor) removeSession(id string, force bool) error {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return err
+	}
+	ss.opMu.Lock()
+	defer ss.opMu.Unlock()
+	if ss.isRunning() {
+		if !force {
+			return errdefs.FailedPrecondition("session %s is running: stop it first (session stop %s) or remove it with --force", ss.id, ss.id)
+		}
+		if err := s.endRun(ss, time.Nanosecond); err != nil {
+			return err
+		}
+	}
+	rec := ss.record()
+	s.removeRunLeftovers(rec)
+	trash := filepath.Join(s.layout.SessionsDir(), ".removing-"+ss.id)
+	if err := os.Rename(string(ss.dir), trash); err != nil {
+		return fmt.Errorf("remove session %s: %w", ss.id, err)
+	}
+	s.mu.Lock()
+	delete(s.sessions, ss.id)
+	s.mu.Unlock()
+	ss.markRemoved()
+	if err := os.RemoveAll(trash); err != nil {
+		s.sessionLog(ss).WithError(err).Warn("remove session files")
+	}
+	s.events.add(event{Type: "session.removed", SessionID: ss.id, Agent: rec.Agent})
+	s.sessionLog(ss).Info("session removed")
+	return nil
+}
+
+func (s *Supervisor) writeStdin(ctx context.Context, id string, data []byte) (int, error) {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return 0, err
+	}
+	conn := ss.connection()
+	if !ss.isRunning() || conn == nil {
+		return 0, errdefs.FailedPrecondition("session %s is not running", ss.id)
+	}
+	resp, err := conn.shim.WriteStdin(ctx, &shimv1.WriteStdinRequest{Data: data})
+	if err != nil {
+		n := 0
+		if resp != nil {
+			n = int(resp.Written)
+		}
+		return n, errdefs.FromStatus(err)
+	}
+	return int(resp.Written), nil
+}
+
+func (s *Supervisor) closeStdin(ctx context.Context, id string) error {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return err
+	}
+	conn := ss.connection()
+	if !ss.isRunning() || conn == nil {
+		return errdefs.FailedPrecondition("session %s is not running", ss.id)
+	}
+	if _, err := conn.shim.CloseStdin(ctx, &shimv1.CloseStdinRequest{}); err != nil {
+		return errdefs.FromStatus(err)
+	}
+	return nil
+}
+
+func (s *Supervisor) waitSession(ctx context.Context, id string) (view, error) {
+	ss, err := s.lookupSession(id)
+	if err != nil {
+		return view{}, err
+	}
+	if err := ss.wait(ctx); err != nil {
+		return view{}, err
+	}
+	return ss.view(), nil
+}

@@ -1,0 +1,96 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/ttrpc"
+
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/shim"
+	"github.com/agentconnect-md/agentconnect/version"
+)
+
+const (
+	// bootstrapTimeout bounds `agentconnect-shim start`.
+	bootstrapTimeout = 15 * time.Second
+	// dialTimeout bounds connecting to a shim and the handshake: a dead
+	// socket must cost milliseconds, not the 100 s containerd once paid.
+	dialTimeout = 2 * time.Second
+	// callTimeout bounds a short call to a shim (State, Start, Kill).
+	callTimeout = 10 * time.Second
+)
+
+// shimConn is a connection to one live shim.
+type shimConn struct {
+	client    *ttrpc.Client
+	shim      shimv1.ShimService
+	pid       int
+	startTime uint64
+	address   string
+}
+
+func (c *shimConn) close() { c.client.Close() }
+
+// alive reports whether the shim process still lives.
+func (c *shimConn) alive() bool { return procstat.Alive(c.pid, c.startTime) }
+
+// dialShim connects to the shim of boot and shakes hands.
+func dialShim(ctx context.Context, boot *session.Bootstrap) (*shimConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", boot.Address)
+	if err != nil {
+		return nil, fmt.Errorf("connect to shim (pid %d): %w", boot.PID, err)
+	}
+	client := ttrpc.NewClient(conn)
+	c := &shimConn{client: client, shim: shimv1.NewShimClient(client), pid: boot.PID, startTime: boot.StartTime, address: boot.Address}
+	hs, err := c.shim.Handshake(ctx, &shimv1.HandshakeRequest{ApiVersion: shimv1.APIVersion, SupervisorVersion: version.Version})
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("handshake with shim (pid %d): %w", boot.PID, err)
+	}
+	if hs.ApiVersion < shimv1.MinAPIVersion {
+		client.Close()
+		return nil, fmt.Errorf("shim (pid %d, release %s) speaks shim API %d; this release adopts %d and newer", boot.PID, hs.ShimVersion, hs.ApiVersion, shimv1.MinAPIVersion)
+	}
+	return c, nil
+}
+
+// bootstrapShim runs `agentconnect-shim start` for a session run and
+// returns where the shim listens.
+func (s *Supervisor) bootstrapShim(dir session.Dir, socket string) (*session.Bootstrap, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, bootstrapTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.opts.ShimBinary, "start", "--session-dir", string(dir), "--socket", socket)
+	// The shim needs nothing of the daemon's environment, and must not
+	// take its systemd variables (NOTIFY_SOCKET, LISTEN_FDS).
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("start shim: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var ready shim.Ready
+	if err := json.Unmarshal(stdout.Bytes(), &ready); err != nil {
+		return nil, fmt.Errorf("start shim: it printed %q: %w", stdout.String(), err)
+	}
+	// bootstrap.json is the shim's own record; read it for the start time.
+	boot, err := dir.ReadBootstrap()
+	if err != nil || boot == nil || boot.PID != ready.PID {
+		syscall.Kill(ready.PID, syscall.SIGKILL)
+		return nil, fmt.Errorf("start shim: bootstrap.json does not name the shim (pid %d): %v", ready.PID, err)
+	}
+	return boot, nil
+}
