@@ -147,9 +147,31 @@ func (l Layout) FindSocketDir() string {
 	return l.RunDir()
 }
 
+// adminSocketPointer names the admin socket when it is not in the socket
+// directory: systemd socket activation put it elsewhere.
+func (l Layout) adminSocketPointer() string { return filepath.Join(l.Root, "run", "admin-socket") }
+
 // AdminSocket is the admin socket's path, as a client finds it.
 func (l Layout) AdminSocket() string {
+	if data, err := os.ReadFile(l.adminSocketPointer()); err == nil {
+		if p := strings.TrimSpace(string(data)); p != "" {
+			return p
+		}
+	}
 	return filepath.Join(l.FindSocketDir(), AdminSocketName)
+}
+
+// RecordAdminSocket notes where a daemon's admin socket is, so that --home
+// alone finds it; an empty path, or the usual place, removes the note.
+func (l Layout) RecordAdminSocket(path string) error {
+	if path == "" || path == filepath.Join(l.FindSocketDir(), AdminSocketName) {
+		err := os.Remove(l.adminSocketPointer())
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.WriteFile(l.adminSocketPointer(), []byte(path+"\n"), 0o600)
 }
 
 // ShimSocket is the socket path of one run of a session's shim, in dir.

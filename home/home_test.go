@@ -115,3 +115,21 @@ func TestShimSocketDiffersPerRun(t *testing.T) {
 		t.Error("two runs of one session share a socket path")
 	}
 }
+
+func TestRecordAdminSocket(t *testing.T) {
+	l := Layout{Root: t.TempDir()}
+	l.Create()
+	def := l.AdminSocket()
+	if err := l.RecordAdminSocket("/run/agentconnect/agentconnect.sock"); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.AdminSocket(); got != "/run/agentconnect/agentconnect.sock" {
+		t.Errorf("AdminSocket = %q after recording an activated socket", got)
+	}
+	if err := l.RecordAdminSocket(def); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.AdminSocket(); got != def {
+		t.Errorf("AdminSocket = %q, want the default %q again", got, def)
+	}
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/ttrpc"
 
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/procstat"
 	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/version"
@@ -41,9 +40,6 @@ type shimConn struct {
 }
 
 func (c *shimConn) close() { c.client.Close() }
-
-// alive reports whether the shim process still lives.
-func (c *shimConn) alive() bool { return procstat.Alive(c.pid, c.startTime) }
 
 // dialShim connects to the shim of boot and shakes hands.
 func dialShim(ctx context.Context, boot *session.Bootstrap) (*shimConn, error) {

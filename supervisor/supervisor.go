@@ -204,6 +204,9 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 		return nil, err
 	}
 	adminv1.RegisterAdminService(srv, &adminService{s: s})
+	if err := s.layout.RecordAdminSocket(l.Addr().String()); err != nil {
+		s.log.WithError(err).Warn("record the admin socket's path")
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx, l) }()
 	os.Remove(s.layout.StartupFailurePath())

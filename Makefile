@@ -1,0 +1,47 @@
+# agentconnect. `make demo` and `make test` set up everything they need on a
+# fresh Debian machine (as root): see scripts/deps.sh.
+
+export PATH := $(CURDIR)/bin/tools:/usr/local/go/bin:$(PATH)
+export GOTOOLCHAIN := local
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/agentconnect-md/agentconnect/version.Version=$(VERSION)
+PREFIX ?= /usr/local
+BINARIES := bin/agentconnect bin/agentconnect-shim
+
+.PHONY: all build deps proto test unit integration lint demo bench install clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build:
+	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim
+
+# Regenerate the API code from api/**/*.proto (the result is committed).
+proto: deps
+	./api/generate.sh
+
+# Every test: unit tests beside the code, then the integration tests that
+# drive the built binaries. Root-only tests skip with a message elsewhere.
+test: deps build lint
+	AGENTCONNECT_BIN=$(CURDIR)/bin go test -count=1 -timeout 18m ./...
+
+lint: deps
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	staticcheck ./...
+
+demo: deps build
+	./scripts/demo.sh
+
+bench: deps build
+	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BINARIES) $(DESTDIR)$(PREFIX)/bin/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,298 @@
+// Package integration drives the built agentconnect binaries end to end:
+// a real daemon, real shims, real processes and cgroups.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/procstat"
+)
+
+// binDir holds agentconnect and agentconnect-shim: $AGENTCONNECT_BIN, or a
+// fresh build.
+var binDir string
+
+const reapedEnv = "AGENTCONNECT_TEST_REAPED"
+
+// TestMain runs the tests under a child subreaper that reaps: this
+// machine's PID 1 does not, and shims are reparented to the nearest
+// subreaper, so without one every ended shim would stay a zombie.
+func TestMain(m *testing.M) {
+	if os.Getenv(reapedEnv) == "" {
+		os.Exit(runUnderReaper())
+	}
+	dir, cleanup, err := binaries()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// runUnderReaper re-executes the test binary as a child of this process,
+// made a subreaper, reaps every orphan until that child exits, and returns
+// its exit code.
+func runUnderReaper() int {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: become a subreaper:", err)
+		return 1
+	}
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), reapedEnv+"=1")
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		for sig := range signals {
+			cmd.Process.Signal(sig)
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 1
+		}
+		if pid == cmd.Process.Pid {
+			if ws.Signaled() {
+				return 128 + int(ws.Signal())
+			}
+			return ws.ExitStatus()
+		}
+	}
+}
+
+func binaries() (string, func(), error) {
+	if dir := os.Getenv("AGENTCONNECT_BIN"); dir != "" {
+		return dir, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "agentconnect-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	// World-readable, so tests that run the daemon as another user can.
+	os.Chmod(dir, 0o755)
+	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build binaries: %w", err)
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}
+
+func agentconnect() string { return filepath.Join(binDir, "agentconnect") }
+
+// result is one CLI run.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// run runs the CLI against home with a timeout and returns what it did.
+func run(t testing.TB, home string, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, agentconnect(), append([]string{"--home", home}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("agentconnect %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// ok runs the CLI and fails the test unless it exits 0.
+func ok(t testing.TB, home string, args ...string) string {
+	t.Helper()
+	r := run(t, home, "", args...)
+	if r.code != 0 {
+		t.Fatalf("agentconnect %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// okJSON runs the CLI with --json and decodes its output into v.
+func okJSON(t testing.TB, home string, v any, args ...string) {
+	t.Helper()
+	out := ok(t, home, append(args, "--json")...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("agentconnect %s --json: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// session is the part of `session show --json` the tests read.
+type session struct {
+	ID          string `json:"id"`
+	Agent       string `json:"agent"`
+	Strategy    string `json:"strategy"`
+	State       string `json:"state"`
+	PID         int    `json:"pid"`
+	ShimPID     int    `json:"shimPid"`
+	ExitCode    int    `json:"exitCode"`
+	Reason      string `json:"reason"`
+	Run         int    `json:"run"`
+	OutputBytes int64  `json:"outputBytes"`
+	Cgroup      string `json:"cgroup"`
+	Limits      string `json:"limits"`
+}
+
+func show(t testing.TB, home, id string) session {
+	t.Helper()
+	var s session
+	okJSON(t, home, &s, "session", "show", id)
+	return s
+}
+
+// daemon is a foreground `agentconnect run` started by a test.
+type daemon struct {
+	t    testing.TB
+	home string
+	args []string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+// newHome returns an empty daemon home.
+func newHome(t testing.TB) string {
+	t.Helper()
+	return t.TempDir()
+}
+
+// startDaemon starts `agentconnect --home HOME run ARGS...` and waits until
+// it answers. The test's cleanup stops it and every session it left.
+func startDaemon(t testing.TB, home string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{t: t, home: home, args: args}
+	d.start()
+	t.Cleanup(d.cleanup)
+	return d
+}
+
+func (d *daemon) start() {
+	d.t.Helper()
+	log, err := os.OpenFile(filepath.Join(d.home, "daemon.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.log = log
+	d.cmd = exec.Command(agentconnect(), append([]string{"--home", d.home, "run"}, d.args...)...)
+	d.cmd.Stdout, d.cmd.Stderr = log, log
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.waitReady()
+}
+
+// waitReady waits until status answers, or fails with the daemon's log.
+func (d *daemon) waitReady() {
+	d.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if run(d.t, d.home, "", "status").code == 0 {
+			return
+		}
+		if d.cmd.ProcessState != nil || !procstat.Alive(d.cmd.Process.Pid, 0) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	logData, _ := os.ReadFile(filepath.Join(d.home, "daemon.log"))
+	d.t.Fatalf("daemon did not answer; its log:\n%s", logData)
+}
+
+// kill9 SIGKILLs the daemon and reaps it.
+func (d *daemon) kill9() {
+	d.cmd.Process.Kill()
+	d.cmd.Wait()
+	d.log.Close()
+}
+
+// restart starts the daemon again with the same arguments.
+func (d *daemon) restart() { d.start() }
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// cleanup removes every session (killing those that run) and stops the
+// daemon, so no shim or runtime outlives the test.
+func (d *daemon) cleanup() {
+	if d.cmd.ProcessState == nil && procstat.Alive(d.cmd.Process.Pid, 0) {
+		var sessions []session
+		r := run(d.t, d.home, "", "session", "ls", "--json")
+		if json.Unmarshal([]byte(r.stdout), &sessions) == nil {
+			for _, s := range sessions {
+				run(d.t, d.home, "", "session", "rm", "--force", s.ID)
+			}
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { d.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			d.cmd.Process.Kill()
+			<-done
+		}
+	}
+	d.log.Close()
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// processesInGroup lists the live processes of process group pgid.
+func processesInGroup(pgid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		st, err := procstat.Read(pid)
+		if err == nil && st.PGID == pgid && !st.Dead() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
