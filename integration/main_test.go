@@ -296,3 +296,10 @@ func processesInGroup(pgid int) []int {
 	}
 	return pids
 }
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs as root)")
+	}
+}
