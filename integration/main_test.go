@@ -9,15 +9,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/agentconnect-md/agentconnect/internal/reaper"
 	"github.com/agentconnect-md/agentconnect/procstat"
 )
 
@@ -32,7 +30,12 @@ const reapedEnv = "AGENTCONNECT_TEST_REAPED"
 // subreaper, so without one every ended shim would stay a zombie.
 func TestMain(m *testing.M) {
 	if os.Getenv(reapedEnv) == "" {
-		os.Exit(runUnderReaper())
+		code, err := reaper.Reexec(reapedEnv)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "integration:", err)
+			os.Exit(1)
+		}
+		os.Exit(code)
 	}
 	dir, cleanup, err := binaries()
 	if err != nil {
@@ -43,46 +46,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	cleanup()
 	os.Exit(code)
-}
-
-// runUnderReaper re-executes the test binary as a child of this process,
-// made a subreaper, reaps every orphan until that child exits, and returns
-// its exit code.
-func runUnderReaper() int {
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		fmt.Fprintln(os.Stderr, "integration: become a subreaper:", err)
-		return 1
-	}
-	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), reapedEnv+"=1")
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "integration:", err)
-		return 1
-	}
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		for sig := range signals {
-			cmd.Process.Signal(sig)
-		}
-	}()
-	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, 0, nil)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return 1
-		}
-		if pid == cmd.Process.Pid {
-			if ws.Signaled() {
-				return 128 + int(ws.Signal())
-			}
-			return ws.ExitStatus()
-		}
-	}
 }
 
 func binaries() (string, func(), error) {

@@ -1,0 +1,62 @@
+// Package reaper runs a command under this process made a child subreaper
+// that reaps every orphan. On a machine whose PID 1 does not reap (this one),
+// the shims a daemon leaves are reparented to the nearest subreaper; without
+// one, each ended shim would stay a zombie, and a leak check could not tell.
+package reaper
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Run becomes a child subreaper, starts cmd, passes SIGINT and SIGTERM on to
+// it, reaps every process that ends until cmd itself has, and returns cmd's
+// exit code (128+N for a signal).
+func Run(cmd *exec.Cmd) (int, error) {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return 0, fmt.Errorf("become a child subreaper: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	go func() {
+		for sig := range signals {
+			cmd.Process.Signal(sig)
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("wait: %w", err)
+		}
+		if pid != cmd.Process.Pid {
+			continue // an orphan, reaped
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal()), nil
+		}
+		return ws.ExitStatus(), nil
+	}
+}
+
+// Reexec runs this program again, with the same arguments and env (plus
+// marker=1), under Run, and returns its exit code. The child sees marker set
+// and does the real work: the pattern of TestMain and the bench harness.
+func Reexec(marker string) (int, error) {
+	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), marker+"=1")
+	return Run(cmd)
+}

@@ -1,0 +1,85 @@
+#!/bin/sh
+# make demo: a daemon in a temporary home, a real session in the strongest
+# strategy this host offers, what its boundary allows and denies, and a
+# supervisor SIGKILL the session survives. Runs under bin/tools/subreaper
+# (this machine's PID 1 does not reap the shims a daemon leaves).
+set -eu
+cd "$(dirname "$0")/.."
+if [ -z "${AGENTCONNECT_DEMO_REAPED:-}" ]; then
+	go build -o bin/tools/subreaper ./internal/reaper/subreaper
+	AGENTCONNECT_DEMO_REAPED=1 exec bin/tools/subreaper "$0" "$@"
+fi
+
+ac="$PWD/bin/agentconnect"
+home=$(mktemp -d /tmp/agentconnect-demo.XXXXXX)
+export AGENTCONNECT_HOME="$home"
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+cleanup() {
+	"$ac" session ls --json 2>/dev/null | sed -n 's/.*"id": "\([0-9a-f]*\)".*/\1/p' | while read -r id; do
+		"$ac" session rm --force "$id" >/dev/null 2>&1 || true
+	done
+	[ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+	rm -rf "$home"
+}
+trap cleanup EXIT
+
+start_daemon() {
+	# A secret in the daemon's environment: no session may see it.
+	DEMO_DAEMON_SECRET=hunter2 "$ac" run >>"$home/daemon.log" 2>&1 &
+	daemon=$!
+	i=0
+	until "$ac" status >/dev/null 2>&1; do
+		i=$((i + 1)); [ $i -lt 200 ] || { cat "$home/daemon.log"; exit 1; }
+		sleep 0.05
+	done
+}
+
+say "What this host offers (agentconnect probe)"
+"$ac" probe || true
+
+say "Starting a daemon in $home"
+start_daemon
+"$ac" status
+
+best=$("$ac" status --json | sed -n 's/.*"defaultStrategy": "\(.*\)".*/\1/p')
+for s in srt microsandbox; do
+	if "$ac" status --json | tr -d '\n ' | grep -q "\"name\":\"$s\",\"available\":true"; then best=$s; fi
+done
+say "The strongest strategy here: $best"
+
+# What the session tries, each line "allowed" or "denied".
+cat >"$home/probe.sh" <<'PROBE'
+try() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "  allowed: $what"; else echo "  denied:  $what"; fi; }
+echo "runtime: uid $(id -u), pid $$, cwd $PWD"
+echo "HOME=$HOME"
+echo "TMPDIR=$TMPDIR"
+try "write in the workspace" sh -c 'echo hi > demo.txt'
+try "write in its private home" sh -c 'echo hi > "$HOME/demo.txt"'
+try "read the daemon home ($AGENTCONNECT_DEMO_HOME)" ls "$AGENTCONNECT_DEMO_HOME/sessions"
+try "read /root" ls /root
+try "write to /etc" sh -c 'echo x > /etc/agentconnect-demo'
+try "see the daemon's secret in its environment" sh -c 'env | grep -q DEMO_DAEMON_SECRET'
+echo "cgroup: $(grep -E ':pids:|^0::' /proc/self/cgroup | head -1)"
+try "fork 100 processes (the agent's pids limit is 64)" sh -c 'for i in $(seq 100); do sleep 1 & done; wait'
+wait
+PROBE
+
+"$ac" agent create demo --strategy "$best" --env AGENTCONNECT_DEMO_HOME="$home" --pids 64 -- sh "$home/probe.sh" >/dev/null
+say "A session of agent 'demo' ($best): what the boundary allows and denies"
+"$ac" exec demo
+
+say "Sessions outlive the supervisor: start one, SIGKILL the daemon, start it again"
+"$ac" agent create ticker --strategy "$best" -- sh -c 'i=0; while :; do i=$((i+1)); echo "tick $i"; sleep 0.2; done' >/dev/null
+id=$("$ac" session start ticker)
+sleep 1
+"$ac" session ls
+kill -9 "$daemon"; wait "$daemon" 2>/dev/null || true
+echo "daemon killed (SIGKILL); the session keeps running in its shim..."
+sleep 1
+start_daemon
+"$ac" session ls
+"$ac" session stop "$id" >/dev/null
+echo "its whole output, no tick lost across the restart:"
+"$ac" session logs "$id" | tr '\n' ' '; echo
+
+say "Stopping the daemon; removing $home"
