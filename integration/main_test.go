@@ -143,6 +143,7 @@ type daemon struct {
 	t    testing.TB
 	home string
 	args []string
+	cred *syscall.Credential // run as this user; nil for the test's
 	cmd  *exec.Cmd
 	log  *os.File
 }
@@ -172,6 +173,9 @@ func (d *daemon) start() {
 	d.log = log
 	d.cmd = exec.Command(agentconnect(), append([]string{"--home", d.home, "run"}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = log, log
+	if d.cred != nil {
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: d.cred}
+	}
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
 	}
