@@ -3,6 +3,9 @@
 
 export PATH := $(CURDIR)/bin/tools:/usr/local/go/bin:$(PATH)
 export GOTOOLCHAIN := local
+# Static binaries: cgo stays out (the shim's memory and start time pay for a
+# dynamic libc on every session).
+export CGO_ENABLED := 0
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/agentconnect-md/agentconnect/version.Version=$(VERSION)

@@ -11,7 +11,20 @@ import (
 
 // WriteFile writes data to a temporary file in the same directory, fsyncs it,
 // renames it over path and fsyncs the directory, so the rename is durable too.
-func WriteFile(path string, data []byte, perm os.FileMode) (retErr error) {
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, true)
+}
+
+// WriteVolatile is WriteFile without the fsyncs: still atomic for any
+// process that crashes (the rename is), not durable across a power loss.
+// It is for files that describe live processes (a shim's address, a
+// running runtime's pid), which mean nothing after a reboot anyway; each
+// fsync costs about a millisecond on a session's start path.
+func WriteVolatile(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+func write(path string, data []byte, perm os.FileMode, durable bool) (retErr error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -29,14 +42,19 @@ func WriteFile(path string, data []byte, perm os.FileMode) (retErr error) {
 	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: sync: %w", path, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("write %s: sync: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(dir)
 }
@@ -48,6 +66,15 @@ func WriteJSON(path string, v any, perm os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return WriteFile(path, append(data, '\n'), perm)
+}
+
+// WriteVolatileJSON writes v as indented JSON with WriteVolatile.
+func WriteVolatileJSON(path string, v any, perm os.FileMode) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return WriteVolatile(path, append(data, '\n'), perm)
 }
 
 // ReadJSON reads the JSON file at path into v.

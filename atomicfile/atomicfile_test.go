@@ -7,10 +7,16 @@ import (
 )
 
 func TestWriteFileReplacesAndLeavesNoTemp(t *testing.T) {
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteFile": WriteFile, "WriteVolatile": WriteVolatile} {
+		t.Run(name, func(t *testing.T) { testReplace(t, write) })
+	}
+}
+
+func testReplace(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.json")
 	for _, content := range []string{"one", "two"} {
-		if err := WriteFile(path, []byte(content), 0o600); err != nil {
+		if err := write(path, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		got, err := os.ReadFile(path)

@@ -60,6 +60,7 @@ func binaries() (string, func(), error) {
 	os.Chmod(dir, 0o755)
 	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if err := cmd.Run(); err != nil {
 		os.RemoveAll(dir)
 		return "", nil, fmt.Errorf("build binaries: %w", err)

@@ -115,9 +115,10 @@ func (d Dir) ReadBootstrap() (*Bootstrap, error) {
 	return &b, nil
 }
 
-// WriteBootstrap writes bootstrap.json atomically.
+// WriteBootstrap writes bootstrap.json atomically. It describes a live
+// process, so it is not fsynced: after a power loss there is no shim to find.
 func (d Dir) WriteBootstrap(b *Bootstrap) error {
-	return atomicfile.WriteJSON(d.BootstrapPath(), b, 0o600)
+	return atomicfile.WriteVolatileJSON(d.BootstrapPath(), b, 0o600)
 }
 
 // ReadStatus reads status.json; (nil, nil) when there is none.
@@ -132,5 +133,11 @@ func (d Dir) ReadStatus() (*Status, error) {
 	return &s, nil
 }
 
-// WriteStatus writes status.json atomically.
-func (d Dir) WriteStatus(s *Status) error { return atomicfile.WriteJSON(d.StatusPath(), s, 0o600) }
+// WriteStatus writes status.json atomically. How a run ended is made durable;
+// that it is running is not (it is not true after a power loss anyway).
+func (d Dir) WriteStatus(s *Status) error {
+	if s.State == Running {
+		return atomicfile.WriteVolatileJSON(d.StatusPath(), s, 0o600)
+	}
+	return atomicfile.WriteJSON(d.StatusPath(), s, 0o600)
+}

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -380,32 +381,44 @@ func (s *Supervisor) stopSession(id string, timeout time.Duration) (view, error)
 	}
 	ss.opMu.Lock()
 	defer ss.opMu.Unlock()
+	if timeout == 0 {
+		timeout = DefaultStopTimeout
+	}
 	if err := s.endRun(ss, timeout); err != nil {
 		return view{}, err
 	}
 	return ss.view(), nil
 }
 
-// endRun stops a running session and waits until its end is recorded.
-func (s *Supervisor) endRun(ss *sessionState, timeout time.Duration) error {
+// endRun stops a running session and waits until its end is recorded:
+// SIGTERM to every process of the session, then SIGKILL once grace has
+// passed (at once when grace is zero).
+func (s *Supervisor) endRun(ss *sessionState, grace time.Duration) error {
 	if !ss.isRunning() {
 		return nil
-	}
-	if timeout == 0 {
-		timeout = DefaultStopTimeout
 	}
 	conn := ss.connection()
 	if conn == nil {
 		return errdefs.Unavailable("the shim of session %s is not answering; try again", ss.id)
 	}
-	s.sessionLog(ss).WithField("timeout", timeout).Info("stopping session")
-	for _, step := range []struct {
+	s.sessionLog(ss).WithField("grace", grace).Info("stopping session")
+	steps := []struct {
 		sig  syscall.Signal
 		wait time.Duration
-	}{{syscall.SIGTERM, timeout}, {syscall.SIGKILL, killWait}} {
+	}{{syscall.SIGTERM, grace}, {syscall.SIGKILL, killWait}}
+	if grace == 0 {
+		steps = steps[1:]
+	}
+	for _, step := range steps {
+		// The signal is one short call; the wait for the end is the grace.
+		callCtx, cancel := context.WithTimeout(s.ctx, callTimeout)
+		_, err := conn.shim.Kill(callCtx, &shimv1.KillRequest{Signal: uint32(step.sig), All: true})
+		cancel()
+		if err != nil && !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+			s.sessionLog(ss).WithError(err).Warnf("send %v", step.sig)
+		}
 		ctx, cancel := context.WithTimeout(s.ctx, step.wait)
-		conn.shim.Kill(ctx, &shimv1.KillRequest{Signal: uint32(step.sig), All: true})
-		err := ss.wait(ctx)
+		err = ss.wait(ctx)
 		cancel()
 		if err == nil {
 			return nil
@@ -490,7 +503,7 @@ func (s *Supervisor) removeSession(id string, force bool) error {
 		if !force {
 			return errdefs.FailedPrecondition("session %s is running: stop it first (session stop %s) or remove it with --force", ss.id, ss.id)
 		}
-		if err := s.endRun(ss, time.Nanosecond); err != nil {
+		if err := s.endRun(ss, 0); err != nil {
 			return err
 		}
 	}
