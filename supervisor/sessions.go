@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
 
 	"github.com/agentconnect-md/agentconnect/agent"
@@ -414,7 +415,9 @@ func (s *Supervisor) endRun(ss *sessionState, grace time.Duration) error {
 		callCtx, cancel := context.WithTimeout(s.ctx, callTimeout)
 		_, err := conn.shim.Kill(callCtx, &shimv1.KillRequest{Signal: uint32(step.sig), All: true})
 		cancel()
-		if err != nil && !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+		// A run that ended meanwhile is not an error: its shim says so, or
+		// has already closed the connection.
+		if err != nil && !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) && !errors.Is(err, ttrpc.ErrClosed) {
 			s.sessionLog(ss).WithError(err).Warnf("send %v", step.sig)
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, step.wait)

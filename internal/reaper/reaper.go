@@ -10,13 +10,19 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
+// drainFor is how long Run keeps reaping after cmd has exited: shims linger
+// a few seconds after their run, and should not become init's zombies.
+const drainFor = 6 * time.Second
+
 // Run becomes a child subreaper, starts cmd, passes SIGINT and SIGTERM on to
-// it, reaps every process that ends until cmd itself has, and returns cmd's
-// exit code (128+N for a signal).
+// it, reaps every process that ends until cmd itself has (and, for a few
+// seconds more, the orphans still ending), and returns cmd's exit code
+// (128+N for a signal).
 func Run(cmd *exec.Cmd) (int, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return 0, fmt.Errorf("become a child subreaper: %w", err)
@@ -44,10 +50,26 @@ func Run(cmd *exec.Cmd) (int, error) {
 		if pid != cmd.Process.Pid {
 			continue // an orphan, reaped
 		}
+		code := ws.ExitStatus()
 		if ws.Signaled() {
-			return 128 + int(ws.Signal()), nil
+			code = 128 + int(ws.Signal())
 		}
-		return ws.ExitStatus(), nil
+		drain(time.Now().Add(drainFor))
+		return code, nil
+	}
+}
+
+// drain reaps the orphans that are left until none is, or the deadline.
+func drain(deadline time.Time) {
+	for time.Now().Before(deadline) {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.ECHILD {
+			return
+		}
+		if pid <= 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 
