@@ -195,22 +195,27 @@ func shortBase() string {
 	return filepath.Join(os.TempDir(), "agentconnect-"+strconv.Itoa(os.Geteuid()))
 }
 
-// privateDir creates dir (and a missing parent) 0700 and checks that it is a
-// real directory owned by this user that nobody else can write to or list
-// (a socketGroup may traverse it): in a shared place such as /tmp another
-// user could have made it first.
+// privateDir creates dir (and a missing parent) and checks both: in a
+// shared place such as /tmp another user could have made them first. Each
+// must be a real directory owned by this user that no one else can write
+// to; dir itself, where the sockets are, also no one else can list (a
+// socketGroup may traverse it). The parent may be readable, as systemd makes
+// /run/agentconnect for its socket units.
 func privateDir(dir string) error {
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Mkdir(d, 0o700); err != nil && !os.IsExist(err) {
+	for _, d := range []struct {
+		path      string
+		forbidden os.FileMode
+	}{{filepath.Dir(dir), 0o022}, {dir, 0o027}} {
+		if err := os.Mkdir(d.path, 0o700); err != nil && !os.IsExist(err) {
 			return fmt.Errorf("create socket directory: %w", err)
 		}
-		fi, err := os.Lstat(d)
+		fi, err := os.Lstat(d.path)
 		if err != nil {
 			return fmt.Errorf("create socket directory: %w", err)
 		}
 		st, _ := fi.Sys().(*syscall.Stat_t)
-		if !fi.IsDir() || st == nil || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o027 != 0 {
-			return fmt.Errorf("socket directory %s is not a private directory of this user (remove it and try again)", d)
+		if !fi.IsDir() || st == nil || (int(st.Uid) != os.Geteuid() && st.Uid != 0) || fi.Mode().Perm()&d.forbidden != 0 {
+			return fmt.Errorf("socket directory %s is not a private directory of this user (remove it and try again)", d.path)
 		}
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +30,9 @@ import (
 // own. The exit is in status.json either way.
 const exitLinger = 5 * time.Second
 
+// replyGrace is the pause before the server shuts down (see serve).
+const replyGrace = 50 * time.Millisecond
+
 // shutdownGrace bounds how long an exiting shim waits for in-flight calls
 // (a Wait about to return the exit) before it closes its connections.
 const shutdownGrace = 2 * time.Second
@@ -44,6 +49,7 @@ func serve(dirPath, socket string) error {
 		readyW.Close()
 		return err
 	}
+	resetOOMScore("/proc/self/oom_score_adj")
 	// Orphans of the runtime are reparented here, not to init, so that the
 	// shim reaps them and can kill what is left of the session.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -112,6 +118,11 @@ func serve(dirPath, socket string) error {
 			}
 		}
 	}
+	// ttrpc counts a call as in flight only once its handler has started, so
+	// a server shut down right after a handler ran can close the connection
+	// before that handler's reply is written: the Shutdown call itself would
+	// fail. A moment's pause lets the last replies go out.
+	time.Sleep(replyGrace)
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	srv.Shutdown(ctx)
@@ -120,4 +131,18 @@ func serve(dirPath, socket string) error {
 	out.Close()
 	entry.Info("shim exiting")
 	return nil
+}
+
+// resetOOMScore sets a negative oom_score_adj inherited from the supervisor
+// (systemd favours it) back to 0, for the shim and so for its runtime: a
+// runaway session must not be shielded from the OOM killer. Raising the
+// score needs no privilege.
+func resetOOMScore(path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	if v, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && v < 0 {
+		os.WriteFile(path, []byte("0"), 0)
+	}
 }

@@ -223,3 +223,35 @@ func TestKillAllEndsBackgroundProcesses(t *testing.T) {
 		t.Errorf("exit code = %d, want %d", res.ExitCode, 128+syscall.SIGTERM)
 	}
 }
+
+// TestRuntimeOOMScoreIsReset: a supervisor favoured by the OOM killer
+// (systemd's OOMScoreAdjust) must not pass that on to its sessions.
+func TestRuntimeOOMScoreIsReset(t *testing.T) {
+	const path = "/proc/self/oom_score_adj"
+	old, _ := os.ReadFile(path)
+	if err := os.WriteFile(path, []byte("-200"), 0); err != nil {
+		t.Skipf("cannot lower this process's oom_score_adj (%v): that needs CAP_SYS_RESOURCE; TestResetOOMScore covers the rule", err)
+	}
+	t.Cleanup(func() { os.WriteFile(path, old, 0) })
+	s := startShim(t, "sh", "-c", "cat /proc/self/oom_score_adj")
+	if _, err := s.client.Start(context.Background(), &shimv1.StartRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.Wait(context.Background(), &shimv1.WaitRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if stdout, _ := readLog(t, s.dir); strings.TrimSpace(stdout) != "0" {
+		t.Errorf("the runtime's oom_score_adj = %q, want 0 (the supervisor's was -200)", stdout)
+	}
+}
+
+func TestResetOOMScore(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{{"-500\n", "0"}, {"0\n", "0\n"}, {"300\n", "300\n"}} {
+		path := filepath.Join(t.TempDir(), "oom_score_adj")
+		os.WriteFile(path, []byte(tc.in), 0o600)
+		resetOOMScore(path)
+		if got, _ := os.ReadFile(path); string(got) != tc.want {
+			t.Errorf("oom_score_adj %q becomes %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

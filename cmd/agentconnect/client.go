@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +19,11 @@ import (
 
 // dialTimeout bounds connecting to the daemon.
 const dialTimeout = 2 * time.Second
+
+// callTimeout bounds a call that has no deadline of its own, so that a
+// daemon that accepts connections but does not answer cannot hang the CLI.
+// WaitSession is exempt: it waits for as long as the session runs.
+const callTimeout = 2 * time.Minute
 
 // errNoDaemon is returned when nothing answers on the admin socket.
 type errNoDaemon struct {
@@ -45,8 +51,17 @@ func dial(ctx context.Context, socket string) (*client, error) {
 	if err != nil {
 		return nil, &errNoDaemon{socket: socket, err: unwrapSyscall(err)}
 	}
-	c := ttrpc.NewClient(conn)
+	c := ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(boundedCall))
 	return &client{conn: c, admin: adminv1.NewAdminClient(c)}, nil
+}
+
+func boundedCall(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	if _, ok := ctx.Deadline(); !ok && !strings.HasSuffix(info.FullMethod, "/WaitSession") {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	return invoke(ctx, req, resp)
 }
 
 // connect dials the daemon the global flags name.
