@@ -300,6 +300,10 @@ func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
 		if rerr != nil || st == nil || st.Run != run {
 			st = &session.Status{Run: run, State: session.Exited, ExitCode: int(resp.ExitCode), Reason: resp.Reason, ExitedAt: resp.ExitedAt.AsTime()}
 		}
+		// The shim removes its socket and cgroup as it exits; make sure of
+		// it before the end is reported, so that nothing is left once a
+		// stop returns.
+		s.removeRunLeftovers(ss.record())
 		s.ended(ss, st)
 		return
 	}

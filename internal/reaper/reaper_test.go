@@ -1,7 +1,6 @@
 package reaper
 
 import (
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -11,12 +10,14 @@ import (
 	"github.com/agentconnect-md/agentconnect/procstat"
 )
 
-// TestRunReapsOrphans runs a shell that leaves a background child behind:
-// the orphan is reparented to this process and reaped, not left a zombie.
+// TestRunReapsOrphans runs a shell that leaves a background child behind
+// and exits at once: Run returns the shell's code only after the orphan,
+// reparented to this process, has ended and been reaped (no zombie left).
 func TestRunReapsOrphans(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "sleep 0.2 & echo $!; exit 3")
+	cmd := exec.Command("sh", "-c", "sleep 0.3 & echo $!; exit 3")
 	var out strings.Builder
 	cmd.Stdout = &out
+	start := time.Now()
 	code, err := Run(cmd)
 	if err != nil {
 		t.Fatal(err)
@@ -28,27 +29,10 @@ func TestRunReapsOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatalf("shell printed %q", out.String())
 	}
-	st, err := procstat.Read(pid)
-	if err != nil {
-		t.Fatalf("the orphan %d is gone already: %v", pid, err)
+	if took := time.Since(start); took < 250*time.Millisecond {
+		t.Errorf("Run returned after %v, before the orphan ended", took)
 	}
-	if st.PPID != os.Getpid() {
-		t.Fatalf("the orphan's parent is %d, want this process %d (the subreaper)", st.PPID, os.Getpid())
-	}
-	// Run returned when the shell exited; reap the orphan the same way the
-	// loop does, and check it does not linger as a zombie.
-	cmd2 := exec.Command("sleep", "0.5")
-	if _, err := Run(cmd2); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := procstat.Read(pid); err != nil {
-			return // reaped: no /proc entry, not even a zombie
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("orphan %d still has a /proc entry (a zombie nobody reaped)", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if st, err := procstat.Read(pid); err == nil {
+		t.Errorf("the orphan %d still has a /proc entry (state %c): nobody reaped it", pid, st.State)
 	}
 }
