@@ -144,11 +144,11 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 
 // adopt connects to a live shim and takes the session's state from it.
 func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
-	conn, err := dialShim(s.ctx, boot)
+	conn, err := dialShim(s.ctx, boot, adoptTimeout)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, adoptTimeout)
 	defer cancel()
 	state, err := conn.shim.State(ctx, &shimv1.StateRequest{})
 	if err != nil {

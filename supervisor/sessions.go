@@ -258,7 +258,7 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 	if err != nil {
 		return err
 	}
-	conn, err := dialShim(s.ctx, boot)
+	conn, err := dialShim(s.ctx, boot, dialTimeout)
 	if err != nil {
 		syscall.Kill(boot.PID, syscall.SIGKILL)
 		os.Remove(socket)

@@ -26,6 +26,10 @@ const (
 	// dialTimeout bounds connecting to a shim and the handshake: a dead
 	// socket must cost milliseconds, not the 100 s containerd once paid.
 	dialTimeout = 2 * time.Second
+	// adoptTimeout is the shorter bound while the supervisor starts: a live
+	// shim answers in milliseconds, and one that does not is tried again in
+	// the background rather than hold up the start.
+	adoptTimeout = 500 * time.Millisecond
 	// callTimeout bounds a short call to a shim (State, Start, Kill).
 	callTimeout = 10 * time.Second
 )
@@ -41,9 +45,9 @@ type shimConn struct {
 
 func (c *shimConn) close() { c.client.Close() }
 
-// dialShim connects to the shim of boot and shakes hands.
-func dialShim(ctx context.Context, boot *session.Bootstrap) (*shimConn, error) {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+// dialShim connects to the shim of boot and shakes hands, within timeout.
+func dialShim(ctx context.Context, boot *session.Bootstrap, timeout time.Duration) (*shimConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", boot.Address)
