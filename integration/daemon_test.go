@@ -205,6 +205,16 @@ func TestSessionCgroupLimits(t *testing.T) {
 	if s.Cgroup == "" || s.Limits != "pids 32, memory 64 MiB, cpus 1" {
 		t.Fatalf("session: cgroup %q, limits %q", s.Cgroup, s.Limits)
 	}
+	var usage struct {
+		Usage struct {
+			Pids        int `json:"pids"`
+			MemoryBytes int `json:"memoryBytes"`
+		} `json:"usage"`
+	}
+	okJSON(t, home, &usage, "session", "show", id)
+	if usage.Usage.Pids != 1 || usage.Usage.MemoryBytes == 0 {
+		t.Errorf("usage of a running sleep: %+v, want 1 pid and some memory", usage.Usage)
+	}
 	if got := cgroupFile(t, s.PID, "pids", "pids.max"); got != "32" {
 		t.Errorf("pids.max = %q, want 32", got)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/agent"
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/errdefs"
 	"github.com/agentconnect-md/agentconnect/probe"
 	"github.com/agentconnect-md/agentconnect/session"
@@ -123,12 +124,20 @@ func (a *adminService) ListSessions(_ context.Context, req *adminv1.ListSessions
 	return resp, nil
 }
 
-func (a *adminService) GetSession(_ context.Context, req *adminv1.GetSessionRequest) (*adminv1.Session, error) {
+func (a *adminService) GetSession(ctx context.Context, req *adminv1.GetSessionRequest) (*adminv1.Session, error) {
 	ss, err := a.s.lookupSession(req.Id)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	return sessionToProto(ss.view()), nil
+	p := sessionToProto(ss.view())
+	if conn := ss.connection(); conn != nil && p.Cgroup != "" {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if st, err := conn.shim.Stats(ctx, &shimv1.StatsRequest{}); err == nil {
+			p.Usage = &adminv1.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, CpuUsageNs: st.CpuUsageNs}
+		}
+	}
+	return p, nil
 }
 
 func (a *adminService) StopSession(_ context.Context, req *adminv1.StopSessionRequest) (*adminv1.Session, error) {

@@ -161,8 +161,12 @@ func newSessionShowCommand(g *globals) *cobra.Command {
 			if s.Reason != "" {
 				fmt.Fprintf(w, "reason:    %s\n", s.Reason)
 			}
-			fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\ncreated:   %s\n",
-				s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits, timeString(s.CreatedAt))
+			fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\n",
+				s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits)
+			if u := s.Usage; u != nil {
+				fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
+			}
+			fmt.Fprintf(w, "created:   %s\n", timeString(s.CreatedAt))
 			return nil
 		},
 	}

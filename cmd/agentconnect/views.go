@@ -79,23 +79,31 @@ type agentJSON struct {
 }
 
 type sessionJSON struct {
-	ID          string   `json:"id"`
-	Agent       string   `json:"agent"`
-	AgentID     string   `json:"agentId"`
-	Strategy    string   `json:"strategy"`
-	State       string   `json:"state"`
-	PID         int      `json:"pid"`
-	ExitCode    int      `json:"exitCode"`
-	Reason      string   `json:"reason"`
-	Run         int      `json:"run"`
-	CreatedAt   string   `json:"createdAt"`
-	StartedAt   string   `json:"startedAt"`
-	ExitedAt    string   `json:"exitedAt"`
-	OutputBytes int64    `json:"outputBytes"`
-	Command     []string `json:"command"`
-	ShimPID     int      `json:"shimPid"`
-	Cgroup      string   `json:"cgroup"`
-	Limits      string   `json:"limits"`
+	ID          string    `json:"id"`
+	Agent       string    `json:"agent"`
+	AgentID     string    `json:"agentId"`
+	Strategy    string    `json:"strategy"`
+	State       string    `json:"state"`
+	PID         int       `json:"pid"`
+	ExitCode    int       `json:"exitCode"`
+	Reason      string    `json:"reason"`
+	Run         int       `json:"run"`
+	CreatedAt   string    `json:"createdAt"`
+	StartedAt   string    `json:"startedAt"`
+	ExitedAt    string    `json:"exitedAt"`
+	OutputBytes int64     `json:"outputBytes"`
+	Command     []string  `json:"command"`
+	ShimPID     int       `json:"shimPid"`
+	Cgroup      string    `json:"cgroup"`
+	Limits      string    `json:"limits"`
+	Usage       usageJSON `json:"usage"`
+}
+
+// usageJSON is a running session's cgroup counters (zero otherwise).
+type usageJSON struct {
+	MemoryBytes uint64 `json:"memoryBytes"`
+	Pids        uint64 `json:"pids"`
+	CPUUsageNs  uint64 `json:"cpuUsageNs"`
 }
 
 type eventJSON struct {
@@ -154,13 +162,17 @@ func agentView(a *adminv1.Agent) agentJSON {
 }
 
 func sessionView(s *adminv1.Session) sessionJSON {
-	return sessionJSON{
+	v := sessionJSON{
 		ID: s.Id, Agent: s.Agent, AgentID: s.AgentId, Strategy: s.Strategy, State: s.State,
 		PID: int(s.Pid), ExitCode: int(s.ExitCode), Reason: s.Reason, Run: int(s.Run),
 		CreatedAt: timeString(s.CreatedAt), StartedAt: timeString(s.StartedAt), ExitedAt: timeString(s.ExitedAt),
 		OutputBytes: int64(s.OutputBytes), Command: list(s.Command), ShimPID: int(s.ShimPid),
 		Cgroup: s.Cgroup, Limits: s.Limits,
 	}
+	if u := s.Usage; u != nil {
+		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}
+	}
+	return v
 }
 
 func eventView(e *adminv1.Event) eventJSON {
