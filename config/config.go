@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -25,6 +26,13 @@ type VM struct {
 	Transport   string `json:"transport"`   // vsock or serial
 }
 
+// SRT holds the srt settings.
+type SRT struct {
+	// Resolver is the DNS server ("IP:port") the sessions' policy proxy
+	// asks; empty: the system's resolver.
+	Resolver string `json:"resolver"`
+}
+
 // DefaultVM is what "microsandbox": true means.
 var DefaultVM = VM{CPUs: 2, MemoryMiB: 2048, DiskGiB: 10, Accelerator: "kvm", Transport: "vsock"}
 
@@ -37,6 +45,7 @@ type Config struct {
 	// OffReason says why a strategy is not offered, in the words users see.
 	OffReason map[strategy.Name]string
 	VM        VM
+	SRT       SRT
 	// Backend is the retired sandbox.backend: the sandbox legacy agents with
 	// runInSandbox on are mapped to. Empty when not set.
 	Backend strategy.Name
@@ -151,8 +160,10 @@ func (p *parser) sandbox(v any) {
 	for _, key := range sortedKeys(obj) {
 		v := obj[key]
 		switch key {
-		case "host", "srt":
-			p.offer(strategy.Name(key), p.boolean("sandbox."+key, v))
+		case "host":
+			p.offer(strategy.Host, p.boolean("sandbox.host", v))
+		case "srt":
+			p.srt(v)
 		case "microsandbox":
 			p.microsandbox(v)
 		case "backend":
@@ -175,6 +186,31 @@ func (p *parser) offer(n strategy.Name, on bool) {
 	} else {
 		p.c.OffReason[n] = fmt.Sprintf("sandbox.%s is off on this daemon", n)
 	}
+}
+
+func (p *parser) srt(v any) {
+	switch v := v.(type) {
+	case bool:
+		p.offer(strategy.SRT, v)
+		return
+	case map[string]any:
+		p.offer(strategy.SRT, true)
+		for _, key := range sortedKeys(v) {
+			name := "sandbox.srt." + key
+			switch key {
+			case "resolver":
+				r := p.str(name, v[key])
+				if _, err := netip.ParseAddrPort(r); err != nil && p.err == nil {
+					p.fail(name, "want an IP address and port such as \"127.0.0.1:53\", got %q", r)
+				}
+				p.c.SRT.Resolver = r
+			default:
+				p.unknown(name)
+			}
+		}
+		return
+	}
+	p.fail("sandbox.srt", "want true, false or an object of srt settings, got %s", describe(v))
 }
 
 func (p *parser) microsandbox(v any) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 func readAll(t *testing.T, path string, off int64) []Record {
@@ -156,22 +155,5 @@ func TestCorruptIsAnError(t *testing.T) {
 	defer f.Close()
 	if _, err := NewReader(f, 0).Next(); err == nil || err == io.EOF {
 		t.Errorf("Next on garbage = %v, want a corruption error", err)
-	}
-}
-
-func TestWatcherWakesOnWrite(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "output.log")
-	w, _ := OpenWriter(path)
-	defer w.Close()
-	wt, err := Watch(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wt.Close()
-	w.Write(Stdout, []byte("x"))
-	select {
-	case <-wt.C:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wakeup after a write")
 	}
 }

@@ -4,9 +4,11 @@
 package probe
 
 import (
+	"fmt"
 	"runtime"
 
 	"github.com/agentconnect-md/agentconnect/config"
+	"github.com/agentconnect-md/agentconnect/seccomp"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -21,9 +23,7 @@ type Result struct {
 // yet says so.
 var checks = map[strategy.Name]func(*config.Config) string{
 	strategy.Host: checkHost,
-	strategy.SRT: func(*config.Config) string {
-		return "this build of agentconnect cannot run srt sessions yet"
-	},
+	strategy.SRT: checkSRTStrategy,
 	strategy.Microsandbox: func(*config.Config) string {
 		return "this build of agentconnect cannot run microsandbox sessions yet"
 	},
@@ -72,4 +72,13 @@ func checkHost(*config.Config) string {
 		return "host sessions need Linux"
 	}
 	return ""
+}
+
+// checkSRTStrategy: bwrap starts a sandbox here, and the seccomp filter
+// (without which no srt session runs) can be built for this machine.
+func checkSRTStrategy(*config.Config) string {
+	if _, err := seccomp.Program(seccomp.Options{}); err != nil {
+		return fmt.Sprintf("srt cannot filter system calls here: %v", err)
+	}
+	return CheckSRT("")
 }

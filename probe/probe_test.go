@@ -14,10 +14,12 @@ func TestRun(t *testing.T) {
 	if len(res) != 3 || res[0].Name != strategy.Host || !res[0].Available {
 		t.Fatalf("Run = %+v; want host first and available", res)
 	}
-	for _, r := range res[1:] {
-		if r.Available || !strings.Contains(r.Reason, "cannot run") {
-			t.Errorf("%s: available %v, reason %q; want unavailable, saying this build cannot run it", r.Name, r.Available, r.Reason)
-		}
+	// srt is what its live check says on this machine.
+	if want := checkSRTStrategy(cfg); res[1].Available != (want == "") || res[1].Reason != want {
+		t.Errorf("srt: available %v, reason %q; the live check says %q", res[1].Available, res[1].Reason, want)
+	}
+	if ms := res[2]; ms.Available || !strings.Contains(ms.Reason, "cannot run") {
+		t.Errorf("microsandbox: available %v, reason %q; want unavailable, saying this build cannot run it", ms.Available, ms.Reason)
 	}
 	if Default(res) != strategy.Host {
 		t.Errorf("Default = %q, want host", Default(res))

@@ -8,6 +8,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/filewatch"
 	"github.com/agentconnect-md/agentconnect/outputlog"
 	"github.com/agentconnect-md/agentconnect/session"
 )
@@ -22,10 +23,10 @@ func (s *Supervisor) attach(ctx context.Context, id string, offset int64, follow
 		return err
 	}
 	path := ss.dir.OutputPath()
-	var w *outputlog.Watcher
+	var w *filewatch.Watcher
 	if follow {
 		// Watch before the first read, so no write in between is missed.
-		if w, err = outputlog.Watch(path); err != nil {
+		if w, err = filewatch.Watch(path); err != nil {
 			return err
 		}
 		defer w.Close()

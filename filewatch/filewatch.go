@@ -1,4 +1,7 @@
-package outputlog
+// Package filewatch wakes a reader when a file it follows is written to
+// (inotify): the session output and violation logs are followed this way, at
+// no cost while nothing is written.
+package filewatch
 
 import (
 	"fmt"
@@ -7,12 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Watcher wakes a follower when the log is written to (inotify), so that
-// following costs nothing while the runtime is quiet.
+// Watcher wakes a follower when its file is written to.
 type Watcher struct {
 	f *os.File
 	// C receives a value after each batch of writes. It holds at most one:
-	// a follower reads the log to its end after each wakeup.
+	// a follower reads the file to its end after each wakeup.
 	C    chan struct{}
 	done chan struct{}
 }

@@ -1,0 +1,262 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// always replaced by empty directories or private tmpfs: other users'
+// homes, shared temporary storage, and every host socket under /run.
+var emptyTopLevel = map[string]string{
+	"home": "--dir", "root": "--dir", "tmp": "--tmpfs", "run": "--tmpfs", "lost+found": "",
+}
+
+// builder collects bwrap arguments and the files they refer to by fd.
+type builder struct {
+	args         []string
+	files        []*os.File
+	placeholders []string
+}
+
+func (b *builder) add(args ...string) { b.args = append(b.args, args...) }
+
+// fd adds f to the files passed to bwrap and returns its fd number there.
+func (b *builder) fd(f *os.File) string {
+	b.files = append(b.files, f)
+	return strconv.Itoa(firstBindFD + len(b.files) - 1)
+}
+
+// Build opens the agent's directories and returns the boundary for cfg.
+// exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
+// sandbox to run sandbox-exec. On error nothing stays open.
+func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
+	b := &builder{}
+	defer func() {
+		if retErr != nil {
+			for _, f := range b.files {
+				f.Close()
+			}
+		}
+	}()
+	b.add("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")
+	if !cfg.NestedSandbox {
+		// A second lock beside seccomp's: no user namespace can be made
+		// inside, so nothing can be remounted there.
+		b.add("--disable-userns")
+	}
+	b.add("--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--json-status-fd", strconv.Itoa(FDStatus), "--seccomp", strconv.Itoa(FDSeccomp))
+	if err := b.systemView(cfg); err != nil {
+		return nil, err
+	}
+	for _, m := range cfg.Mounts {
+		if err := b.makeRoom(m.Target, cfg); err != nil {
+			return nil, err
+		}
+	}
+	writable, err := b.agentDirs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range cfg.Mounts {
+		op := "--ro-bind"
+		if !m.ReadOnly {
+			op = "--bind"
+			writable = append(writable, m.Target)
+		}
+		// The source was resolved when the agent was saved; a symlink put
+		// in its place since is refused rather than followed.
+		f, err := openNoSymlinks(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("mount %s: %w", m.Source, err)
+		}
+		b.add(op+"-fd", b.fd(f), m.Target)
+	}
+	for _, root := range writable {
+		if err := b.protect(root, root == cfg.Home); err != nil {
+			return nil, err
+		}
+	}
+	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
+	// The root itself was a writable tmpfs while the view was built.
+	b.add("--remount-ro", "/", "--chdir", cfg.Workspace, "--", ShimPath, "sandbox-exec")
+	for _, l := range []int{HTTPProxyPort, SOCKSProxyPort} {
+		b.add("--listen", "127.0.0.1:"+strconv.Itoa(l))
+	}
+	if landlockRoots && !cfg.NestedSandbox {
+		for _, w := range append(writable, "/tmp", "/dev", "/run") {
+			b.add("--writable", w)
+		}
+	}
+	b.add("--")
+	b.add(cfg.Command...)
+	return &Boundary{Args: b.args, Files: b.files, placeholders: b.placeholders}, nil
+}
+
+func dup(f *os.File) *os.File {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return f
+	}
+	return os.NewFile(uintptr(fd), f.Name())
+}
+
+// systemView lays out the root: each top-level entry of the host read-only,
+// except the ones that are replaced by empty ones, a fresh /proc and /dev,
+// and the hidden directories covered by empty tmpfs.
+func (b *builder) systemView(cfg Config) error {
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return fmt.Errorf("read /: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		p := "/" + name
+		switch {
+		case name == "proc":
+			b.add("--proc", p)
+		case name == "dev":
+			b.add("--dev", p, "--tmpfs", "/dev/shm")
+		case emptyTopLevel[name] != "":
+			b.add(emptyTopLevel[name], p)
+		case name == "lost+found":
+		case e.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			b.add("--symlink", target, p)
+		default:
+			b.add("--ro-bind", p, p)
+		}
+	}
+	hidden := append([]string{"/var/tmp", cfg.DaemonHome}, cfg.Hidden...)
+	sort.Strings(hidden)
+	for _, h := range hidden {
+		if h == "" || !isDir(h) || underEmptyTopLevel(h) {
+			continue
+		}
+		b.add("--tmpfs", h)
+	}
+	return nil
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// underEmptyTopLevel reports whether p is below a top-level directory that
+// the view replaces anyway (/home, /root, /tmp, /run).
+func underEmptyTopLevel(p string) bool {
+	first, _, _ := strings.Cut(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
+	return emptyTopLevel[first] != ""
+}
+
+// makeRoom makes sure a mount can be placed at target: a new mount point
+// needs a writable directory to be made in, and the host's read-only view
+// offers none. The deepest existing directory on the way is replaced by a
+// tmpfs holding its entries again, bound read-only one by one.
+func (b *builder) makeRoom(target string, cfg Config) error {
+	target = filepath.Clean(target)
+	if _, err := os.Lstat(target); err == nil {
+		return nil // an existing path is a mount point already
+	}
+	parent := filepath.Dir(target)
+	for {
+		if _, err := os.Lstat(parent); err == nil {
+			break
+		}
+		parent = filepath.Dir(parent)
+	}
+	if parent == "/" || underEmptyTopLevel(target) || within(cfg.DaemonHome, parent) {
+		return nil // a tmpfs already: the root, /tmp, /run, a hidden directory
+	}
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return fmt.Errorf("mount target %s: read %s: %w", target, parent, err)
+	}
+	b.add("--tmpfs", parent)
+	for _, e := range entries {
+		p := filepath.Join(parent, e.Name())
+		if e.Type()&os.ModeSymlink != 0 {
+			t, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			b.add("--symlink", t, p)
+			continue
+		}
+		b.add("--ro-bind", p, p)
+	}
+	b.add("--remount-ro", parent)
+	return nil
+}
+
+// agentDirs binds the agent's four directories, each opened beneath the
+// agent directory without following a symlink, so that a symlink planted by
+// an earlier session cannot redirect it. It returns the writable roots.
+func (b *builder) agentDirs(cfg Config) ([]string, error) {
+	dirs := []string{cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp}
+	for i, d := range dirs {
+		var f *os.File
+		var err error
+		if i == 0 && cfg.SharedWorkspace {
+			f, err = openNoSymlinks(d)
+		} else {
+			f, err = openBeneath(cfg.AgentDir, d)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", d, err)
+		}
+		b.add("--bind-fd", b.fd(f), d)
+	}
+	return dirs, nil
+}
+
+// openBeneath opens path, which must be inside root, as an O_PATH fd with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS).
+func openBeneath(root, path string) (*os.File, error) {
+	rel, err := filepath.Rel(root, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("%s is not inside %s", path, root)
+	}
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rootFD)
+	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = errors.New("a symlink is in the way (it is not followed)")
+		}
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// openNoSymlinks opens an absolute path as an O_PATH fd, refusing any
+// symlink on the way.
+func openNoSymlinks(path string) (*os.File, error) {
+	return openBeneath("/", path)
+}
+
+// within reports whether p is dir or below it.
+func within(dir, p string) bool {
+	if dir == "" {
+		return false
+	}
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}

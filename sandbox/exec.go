@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+)
+
+// writeAccess is every Landlock right that changes the filesystem: the
+// layer below restricts writing to the writable roots and leaves reading to
+// the mount view.
+const writeAccess = llsys.AccessFSWriteFile | llsys.AccessFSRemoveDir | llsys.AccessFSRemoveFile |
+	llsys.AccessFSMakeChar | llsys.AccessFSMakeDir | llsys.AccessFSMakeReg | llsys.AccessFSMakeSock |
+	llsys.AccessFSMakeFifo | llsys.AccessFSMakeBlock | llsys.AccessFSMakeSym | llsys.AccessFSRefer |
+	llsys.AccessFSTruncate
+
+// ExitSetupFailed is sandbox-exec's exit code when the sandbox could not be
+// completed; the reason goes to FDExecError.
+const ExitSetupFailed = 125
+
+// Exec is `agentconnect-shim sandbox-exec`, the last step inside the
+// sandbox, already under the seccomp filter bwrap applied: it opens the
+// proxy listeners on the sandbox's loopback and hands them to the shim (so
+// no process of ours stays inside), gives the runtime its stderr, restricts
+// writes with Landlock, and execs the runtime. It returns only on failure,
+// after reporting it on FDExecError.
+func Exec(args []string) error {
+	fs := flag.NewFlagSet("sandbox-exec", flag.ContinueOnError)
+	var listen, writable multiFlag
+	fs.Var(&listen, "listen", "an address to listen on for the proxy (repeatable)")
+	fs.Var(&writable, "writable", "a directory Landlock leaves writable (repeatable; none: no Landlock)")
+	if err := fs.Parse(args); err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: "+err.Error())
+	}
+	command := fs.Args()
+	if len(command) == 0 {
+		return fail(ExitSetupFailed, -1, "sandbox setup: no command")
+	}
+	if err := handOverListeners(listen); err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: proxy listeners: "+err.Error())
+	}
+	if err := unix.Dup3(FDStderr, 2, 0); err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: stderr: "+err.Error())
+	}
+	unix.Close(FDStderr)
+	if len(writable) > 0 {
+		if err := restrictWrites(writable); err != nil {
+			return fail(ExitSetupFailed, -1, "sandbox setup: landlock: "+err.Error())
+		}
+	}
+	unix.CloseOnExec(FDExecError)
+	path, err := exec.LookPath(command[0])
+	if err == nil {
+		err = syscall.Exec(path, command, os.Environ())
+	}
+	code := 126
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT) {
+		code = 127
+	}
+	return fail(code, code, err.Error())
+}
+
+// fail reports "CODE message" to the shim and exits.
+func fail(exit, code int, msg string) error {
+	fmt.Fprintf(os.NewFile(FDExecError, "exec-error"), "%d %s", code, msg)
+	fmt.Fprintln(os.Stderr, "agentconnect:", msg)
+	os.Exit(exit)
+	return nil
+}
+
+// handOverListeners listens on each address and sends the listening
+// sockets to the shim with SCM_RIGHTS, naming them in the message body.
+func handOverListeners(addrs []string) error {
+	defer unix.Close(FDListeners)
+	var fds []int
+	for _, a := range addrs {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			return err
+		}
+		f, err := l.(*net.TCPListener).File()
+		l.Close()
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fds = append(fds, int(f.Fd()))
+	}
+	return unix.Sendmsg(FDListeners, []byte(strings.Join(addrs, "\n")), unix.UnixRights(fds...), nil, 0)
+}
+
+// restrictWrites lets this process and what it execs write only beneath
+// the given directories, as far as this kernel's Landlock goes (best
+// effort: an older kernel enforces fewer rights, none without Landlock).
+func restrictWrites(dirs []string) error {
+	cfg := landlock.Config{HandledAccessFS: writeAccess}
+	return cfg.BestEffort().RestrictPaths(landlock.PathAccess(writeAccess, dirs...).IgnoreIfMissing())
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }

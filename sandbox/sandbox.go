@@ -1,0 +1,100 @@
+// Package sandbox builds the srt boundary: the bubblewrap command line that
+// puts a session's runtime in its own user, pid, net, ipc, uts, cgroup and
+// mount namespaces, with no capabilities, a read-only system, the agent's
+// directories writable, the daemon's state hidden, and the files that host
+// tools would trust (git hooks and config, shell rc files, editor and MCP
+// settings) read-only. The runtime's network is loopback only: listeners the
+// shim serves as the policy proxy.
+package sandbox
+
+import (
+	"os"
+)
+
+// The files a launched sandbox inherits, by fd number. Fds 3 and 4 belong
+// to the shim's launcher (agentconnect-shim init).
+const (
+	FDStatus    = 5  // bwrap --json-status-fd: the sandbox's pid, then its exit
+	FDStderr    = 6  // the runtime's stderr; fd 2 is bwrap's own, for setup errors
+	FDListeners = 7  // a socket on which sandbox-exec hands the proxy listeners to the shim
+	FDExecError = 8  // sandbox-exec writes "CODE message" here when it cannot exec the runtime
+	FDSeccomp   = 9  // the seccomp program, read by bwrap
+	firstBindFD = 10 // then one fd per directory bound from an fd
+)
+
+// Proxy ports inside the sandbox, as sandbox-runtime has them.
+const (
+	HTTPProxyPort  = 3128
+	SOCKSProxyPort = 1080
+)
+
+// ShimPath is where the shim binary is bound inside the sandbox, to run
+// sandbox-exec.
+const ShimPath = "/run/agentconnect/agentconnect-shim"
+
+// Mount is a host path shared into the sandbox.
+type Mount struct {
+	Source   string
+	Target   string
+	ReadOnly bool
+}
+
+// Config is what a session's boundary is built from.
+type Config struct {
+	// DaemonHome is hidden entirely; the agent's directories inside it are
+	// bound back at their own paths.
+	DaemonHome string
+	// Hidden are more directories to hide: the daemon user's home, other
+	// users' homes. The system's /home, /root, /tmp, /var/tmp and /run are
+	// always replaced by empty ones.
+	Hidden []string
+	// AgentDir is the agent's directory; Home, Memory and Tmp are inside it,
+	// and so is Workspace unless SharedWorkspace.
+	AgentDir        string
+	Workspace       string
+	SharedWorkspace bool
+	Home            string
+	Memory          string
+	Tmp             string
+	Mounts          []Mount
+	// NestedSandbox lets the runtime start its own sandbox inside (new user
+	// namespaces and mounts); Landlock is not applied then, as it forbids
+	// mounts.
+	NestedSandbox bool
+	// Command is the runtime and its arguments.
+	Command []string
+}
+
+// Boundary is a built sandbox: bwrap's arguments (after "bwrap") and the
+// files it needs at fds firstBindFD and up.
+type Boundary struct {
+	Args  []string
+	Files []*os.File
+	// placeholders are paths the sandbox creates on the host as empty
+	// mount points for protected names that were absent.
+	placeholders []string
+}
+
+// Close releases the directory fds. The caller closes them once bwrap has
+// started (it holds its own copies).
+func (b *Boundary) Close() {
+	for _, f := range b.Files {
+		f.Close()
+	}
+}
+
+// RemovePlaceholders deletes the empty mount points the sandbox made for
+// absent protected names, once the sandbox is gone; a path that is no longer
+// empty is left alone.
+func (b *Boundary) RemovePlaceholders() {
+	for i := len(b.placeholders) - 1; i >= 0; i-- {
+		p := b.placeholders[i]
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if (fi.Mode().IsRegular() && fi.Size() == 0) || fi.IsDir() {
+			os.Remove(p) // fails, harmlessly, on a directory that is not empty
+		}
+	}
+}
