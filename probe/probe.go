@@ -23,7 +23,7 @@ type Result struct {
 // yet says so.
 var checks = map[strategy.Name]func(*config.Config) string{
 	strategy.Host: checkHost,
-	strategy.SRT: checkSRTStrategy,
+	strategy.SRT:  checkSRTStrategy,
 	strategy.Microsandbox: func(*config.Config) string {
 		return "this build of agentconnect cannot run microsandbox sessions yet"
 	},
