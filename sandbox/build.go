@@ -23,6 +23,7 @@ type builder struct {
 	args         []string
 	files        []*os.File
 	placeholders []string
+	emptyFile    string
 }
 
 func (b *builder) add(args ...string) { b.args = append(b.args, args...) }
@@ -37,7 +38,7 @@ func (b *builder) fd(f *os.File) string {
 // exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
 // sandbox to run sandbox-exec. On error nothing stays open.
 func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
-	b := &builder{}
+	b := &builder{emptyFile: cfg.EmptyFile}
 	defer func() {
 		if retErr != nil {
 			for _, f := range b.files {

@@ -68,7 +68,7 @@ func (b *builder) protect(root string, isHome bool) error {
 
 // protectPath binds p, inside root, read-only onto itself, or puts a
 // placeholder there when it is absent: an empty read-only directory (asDir)
-// or /dev/null.
+// or an empty read-only file.
 func (b *builder) protectPath(root, p string, asDir bool) error {
 	// A mount on a path through a symlink would land where the symlink
 	// points, and the symlink could be swapped: none may be on the way.
@@ -93,9 +93,10 @@ func (b *builder) protectPath(root, p string, asDir bool) error {
 	return nil
 }
 
-// placeholder keeps an absent path from being created. bwrap makes the
-// mount point on the host; RemovePlaceholders deletes it after the run,
-// along with the parents it had to make.
+// placeholder keeps an absent path from being created: an empty read-only
+// directory, or an empty read-only file. bwrap makes the mount point on the
+// host; RemovePlaceholders deletes it after the run, along with the parents
+// it had to make.
 func (b *builder) placeholder(p string, asDir bool) {
 	for parent := filepath.Dir(p); ; parent = filepath.Dir(parent) {
 		if _, err := os.Lstat(parent); err == nil {
@@ -104,10 +105,10 @@ func (b *builder) placeholder(p string, asDir bool) {
 		b.placeholders = append(b.placeholders, parent)
 	}
 	b.placeholders = append(b.placeholders, p)
-	if asDir {
+	if asDir || b.emptyFile == "" {
 		b.add("--tmpfs", p, "--remount-ro", p)
 	} else {
-		b.add("--ro-bind", "/dev/null", p)
+		b.add("--ro-bind", b.emptyFile, p)
 	}
 }
 

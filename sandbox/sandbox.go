@@ -63,6 +63,10 @@ type Config struct {
 	NestedSandbox bool
 	// Command is the runtime and its arguments.
 	Command []string
+	// EmptyFile is an empty regular file, bound read-only where an absent
+	// protected file must not be created in the runtime's home (a device
+	// such as /dev/null cannot be opened on the sandbox's nodev mounts).
+	EmptyFile string
 }
 
 // Boundary is a built sandbox: bwrap's arguments (after "bwrap") and the

@@ -89,12 +89,12 @@ func TestProtectWorkspace(t *testing.T) {
 
 func TestProtectHomeUsesFiles(t *testing.T) {
 	home := t.TempDir()
-	b := &builder{}
+	b := &builder{emptyFile: "/run/empty"}
 	if err := b.protect(home, true); err != nil {
 		t.Fatal(err)
 	}
 	// Shells source rc files from the home: an absent one is an empty file.
-	if !argsHave(b.args, "--ro-bind", "/dev/null", home+"/.bashrc") {
+	if !argsHave(b.args, "--ro-bind", "/run/empty", home+"/.bashrc") {
 		t.Errorf("home .bashrc placeholder is not /dev/null: %q", b.args)
 	}
 	if !argsHave(b.args, "--tmpfs", home+"/.vscode", "--remount-ro", home+"/.vscode") {

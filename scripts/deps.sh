@@ -15,6 +15,13 @@ need systemd-analyze systemd
 need systemd-socket-activate systemd
 need setpriv util-linux
 need git git
+# srt: bwrap only; the rest is what the tests run inside sandboxes and the
+# network namespaces they build.
+need bwrap bubblewrap
+need ip iproute2
+need curl curl
+need python3 python3
+need node nodejs
 
 if [ -n "$missing" ]; then
 	if [ "$(id -u)" -ne 0 ]; then

@@ -35,7 +35,8 @@ type Record struct {
 
 // Spec is what a shim runs.
 type Spec struct {
-	Command []string `json:"command"`
+	Strategy strategy.Name `json:"strategy"`
+	Command  []string      `json:"command"`
 	// CommandOverride is set when the command is not the agent's own (exec).
 	CommandOverride bool `json:"commandOverride,omitempty"`
 	// Env is the runtime's whole environment: nothing else is inherited.
@@ -50,6 +51,41 @@ type Spec struct {
 	Limits Limits   `json:"limits"`
 	// LimitsNote says what limits apply, or why none do, for status.
 	LimitsNote string `json:"limitsNote"`
+	// Sandbox is the srt boundary's settings; nil for host sessions.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+}
+
+// Sandbox is what the shim needs to build an srt boundary.
+type Sandbox struct {
+	DaemonHome      string   `json:"daemonHome"`
+	Hidden          []string `json:"hidden"` // the daemon user's home, other users' homes
+	AgentDir        string   `json:"agentDir"`
+	SharedWorkspace bool     `json:"sharedWorkspace"`
+	Mounts          []Mount  `json:"mounts"`
+	AllowedDomains  []string `json:"allowedDomains"`
+	DeniedDomains   []string `json:"deniedDomains"`
+	NestedSandbox   bool     `json:"nestedSandbox"`
+	// Resolver is the DNS server the policy proxy asks ("IP:port"); empty
+	// for the system's.
+	Resolver string `json:"resolver"`
+}
+
+// Mount shares a host path into a boundary.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readonly"`
+}
+
+// Violation is a connection the policy refused, one JSON line each in
+// violations.jsonl, written by the shim.
+type Violation struct {
+	Time     time.Time `json:"time"`
+	Protocol string    `json:"protocol"`
+	Host     string    `json:"host"`
+	Port     int       `json:"port"`
+	Addr     string    `json:"addr"`
+	Reason   string    `json:"reason"`
 }
 
 // Limits are applied through the session's cgroup.
@@ -85,11 +121,12 @@ type Status struct {
 // Dir names the files of one session directory.
 type Dir string
 
-func (d Dir) RecordPath() string    { return filepath.Join(string(d), "session.json") }
-func (d Dir) BootstrapPath() string { return filepath.Join(string(d), "bootstrap.json") }
-func (d Dir) StatusPath() string    { return filepath.Join(string(d), "status.json") }
-func (d Dir) OutputPath() string    { return filepath.Join(string(d), "output.log") }
-func (d Dir) ShimLogPath() string   { return filepath.Join(string(d), "shim.log") }
+func (d Dir) RecordPath() string     { return filepath.Join(string(d), "session.json") }
+func (d Dir) BootstrapPath() string  { return filepath.Join(string(d), "bootstrap.json") }
+func (d Dir) StatusPath() string     { return filepath.Join(string(d), "status.json") }
+func (d Dir) OutputPath() string     { return filepath.Join(string(d), "output.log") }
+func (d Dir) ShimLogPath() string    { return filepath.Join(string(d), "shim.log") }
+func (d Dir) ViolationsPath() string { return filepath.Join(string(d), "violations.jsonl") }
 
 // ReadRecord reads session.json.
 func (d Dir) ReadRecord() (*Record, error) {

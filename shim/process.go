@@ -49,49 +49,68 @@ func pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 	return os.NewFile(uintptr(r), "shim"), os.NewFile(uintptr(w), "runtime"), nil
 }
 
-// launch starts the runtime through "agentconnect-shim init", places it in
-// the session's cgroup, lets it exec, and starts copying its output.
+// launch starts the runtime through "agentconnect-shim init" (directly, or
+// in bwrap for srt), places it in the session's cgroup, lets it exec, and
+// starts copying its output.
 func (s *service) launch() (pid int, retErr error) {
 	var closers []*os.File
-	closeAll := func() {
-		for _, f := range closers {
-			f.Close()
-		}
-	}
 	defer func() {
 		if retErr != nil {
-			closeAll()
+			for _, f := range closers {
+				f.Close()
+			}
 		}
 	}()
 	stdinW, stdinR, err := pipe(false)
 	if err != nil {
 		return 0, err
 	}
+	closers = append(closers, stdinW, stdinR)
 	stdoutR, stdoutW, err := pipe(true)
 	if err != nil {
-		stdinW.Close()
-		stdinR.Close()
 		return 0, err
 	}
+	closers = append(closers, stdoutR, stdoutW)
 	stderrR, stderrW, err := pipe(true)
 	if err != nil {
 		return 0, err
 	}
+	closers = append(closers, stderrR, stderrW)
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
 		return 0, err
 	}
+	closers = append(closers, syncR, syncW)
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		return 0, err
 	}
-	closers = append(closers, stdinW, stdinR, stdoutR, stdoutW, stderrR, stderrW, syncR, syncW, errR, errW)
+	closers = append(closers, errR, errW)
 
 	spec := s.rec.Spec
+	argv := append([]string{"agentconnect-shim", "init", "--"}, spec.Command...)
+	files := []*os.File{stdinR, stdoutW, stderrW, syncR, errW}
+	var srt *srtRun
+	if spec.Sandbox != nil {
+		if srt, err = s.prepareSRT(stderrW); err != nil {
+			return 0, sandboxSetupError(err)
+		}
+		defer func() {
+			if retErr != nil {
+				srt.closeChildEnds()
+				srt.stop()
+			}
+		}()
+		if argv, err = srt.argv(); err != nil {
+			return 0, err
+		}
+		// bwrap's own stderr is the setup pipe; the runtime's is fd 6.
+		files = append([]*os.File{stdinR, stdoutW, srt.setupW, syncR, errW}, srt.childFiles...)
+	}
 	attr := &os.ProcAttr{
 		Dir:   spec.Workspace,
 		Env:   spec.Env,
-		Files: []*os.File{stdinR, stdoutW, stderrW, syncR, errW},
+		Files: files,
 		Sys: &syscall.SysProcAttr{
 			Setpgid: true, // the session's own process group: kill(-pid) reaches its children
 			// The runtime dies with the shim. Pdeathsig fires when the
@@ -100,7 +119,6 @@ func (s *service) launch() (pid int, retErr error) {
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
-	argv := append([]string{"agentconnect-shim", "init", "--"}, spec.Command...)
 	type result struct {
 		pid    int
 		err    error
@@ -130,19 +148,23 @@ func (s *service) launch() (pid int, retErr error) {
 	if res.err != nil {
 		return 0, fmt.Errorf("start runtime: %w", res.err)
 	}
-	pid = res.pid
+	launcher := res.pid
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW, syncR, errW} {
 		f.Close()
 	}
+	if srt != nil {
+		srt.closeChildEnds()
+	}
 	closers = []*os.File{stdinW, stdoutR, stderrR, syncW, errR}
-	if err := s.cg.Add(pid); err != nil {
-		syscall.Kill(pid, syscall.SIGKILL)
+	if err := s.cg.Add(launcher); err != nil {
+		syscall.Kill(launcher, syscall.SIGKILL)
 		<-exitStatus
 		return 0, err
 	}
-	// Let init exec the runtime; it closes errW on a successful exec.
+	// Let init exec the runtime (or bwrap); it closes errW on a successful
+	// exec.
 	if _, err := syncW.Write([]byte{0}); err != nil {
-		syscall.Kill(pid, syscall.SIGKILL)
+		syscall.Kill(launcher, syscall.SIGKILL)
 		<-exitStatus
 		return 0, fmt.Errorf("release runtime: %w", err)
 	}
@@ -150,10 +172,15 @@ func (s *service) launch() (pid int, retErr error) {
 	execErr, _ := io.ReadAll(io.LimitReader(errR, 4096))
 	errR.Close()
 
+	pid = launcher
+	nsInit := 0
+	if srt != nil && len(execErr) == 0 {
+		nsInit, pid = srt.started()
+	}
 	startTime, _ := procstat.StartTime(pid)
 	now := time.Now()
 	s.mu.Lock()
-	s.pid, s.startedAt, s.stdin = pid, now, stdinW
+	s.pid, s.launcher, s.sandboxInit, s.startedAt, s.stdin = pid, launcher, nsInit, now, stdinW
 	s.mu.Unlock()
 
 	var copiers sync.WaitGroup
@@ -166,15 +193,32 @@ func (s *service) launch() (pid int, retErr error) {
 	}); err != nil {
 		s.log.WithError(err).Error("record running status")
 	}
-	s.log.WithField("pid", pid).Info("runtime started")
+	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher}).Info("runtime started")
 
 	go func() {
 		ws := <-exitStatus
 		code, reason := exitCode(ws, string(execErr))
-		s.endRun(pid, []*os.File{stdoutR, stderrR}, &copiers)
+		if srt != nil {
+			if c, r, ok := srt.exit(code, pid); ok {
+				code, reason = c, r
+			}
+		}
+		s.endRun(launcher, []*os.File{stdoutR, stderrR}, &copiers)
+		if srt != nil {
+			srt.stop()
+		}
 		s.finish(code, reason)
 	}()
 	return pid, nil
+}
+
+// sandboxSetupError marks an error building a boundary, in the words a
+// session's reason uses.
+func sandboxSetupError(err error) error {
+	if strings.HasPrefix(err.Error(), "sandbox setup:") {
+		return err
+	}
+	return fmt.Errorf("sandbox setup: %w", err)
 }
 
 // killGroup signals the process group led by pid, never one of pid 0 or 1.

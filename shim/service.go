@@ -39,9 +39,14 @@ type service struct {
 
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
-	mu          sync.Mutex // guards the fields below
-	status      shimv1.Status
-	pid         int
+	mu       sync.Mutex // guards the fields below
+	status   shimv1.Status
+	pid      int // the runtime's
+	launcher int // the process the shim started and reaps: the runtime itself, or bwrap for srt
+	// sandboxInit is bwrap's pid 1 of an srt sandbox, which, like the
+	// launcher, must not get a graceful signal: either dies of it without
+	// passing it on, and takes the sandbox down at once.
+	sandboxInit int
 	startedAt   time.Time
 	stdin       *os.File
 	stdinClosed bool
@@ -139,7 +144,8 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 // there to signal.
 func (s *service) signalAll(sig syscall.Signal) bool {
 	s.mu.Lock()
-	pid, running := s.pid, s.status == shimv1.Status_RUNNING && s.exit == nil
+	pid, launcher, nsInit := s.pid, s.launcher, s.sandboxInit
+	running := s.status == shimv1.Status_RUNNING && s.exit == nil
 	s.mu.Unlock()
 	if !running || pid <= 1 {
 		return false
@@ -147,8 +153,13 @@ func (s *service) signalAll(sig syscall.Signal) bool {
 	killGroup(pid, sig)
 	if pids, err := s.cg.Procs(); err == nil {
 		for _, p := range pids {
-			syscall.Kill(p, sig)
+			if sig == syscall.SIGKILL || (p != launcher && p != nsInit) {
+				syscall.Kill(p, sig)
+			}
 		}
+	}
+	if sig == syscall.SIGKILL && launcher != pid {
+		syscall.Kill(launcher, sig)
 	}
 	return true
 }

@@ -9,7 +9,10 @@
 //	        through "init"; when the runtime exits, kill what is left of the
 //	        session, drain the output, write status.json, exit
 //	init    wait for the shim to place it in the session's cgroup, then
-//	        exec the runtime (exec errors go back to the shim on a pipe)
+//	        exec the runtime, or bwrap for srt (exec errors go back to the
+//	        shim on a pipe)
+//	sandbox-exec  inside an srt sandbox: hand the proxy listeners to the
+//	        shim, restrict writes with Landlock, exec the runtime
 package shim
 
 import (
@@ -17,6 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+
+	"github.com/agentconnect-md/agentconnect/sandbox"
 )
 
 // Main runs the shim with the arguments after the program name.
@@ -24,8 +29,11 @@ func Main(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("usage: agentconnect-shim start|serve --session-dir DIR --socket PATH")
 	}
-	if args[0] == "init" {
+	switch args[0] {
+	case "init":
 		return runInit(args[1:])
+	case "sandbox-exec":
+		return sandbox.Exec(args[1:])
 	}
 	fs := flag.NewFlagSet("agentconnect-shim "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")

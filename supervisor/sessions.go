@@ -21,7 +21,9 @@ import (
 	"github.com/agentconnect-md/agentconnect/home"
 	"github.com/agentconnect-md/agentconnect/limits"
 	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/sandbox"
 	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
 const (
@@ -112,6 +114,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		return session.Spec{}, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
 	}
 	spec := session.Spec{
+		Strategy:  a.Strategy,
 		Command:   a.Command,
 		Workspace: workspace,
 		Home:      filepath.Join(agentDir, agent.HomeDir),
@@ -130,6 +133,11 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		}
 	}
 	spec.Env = runtimeEnv(a.Env, spec.Home, spec.Tmp)
+	if a.Strategy == strategy.SRT {
+		spec.Sandbox = s.sandboxSpec(a, agentDir)
+		// The sandbox's only network is the policy proxy on its loopback.
+		spec.Env = mergeEnv(spec.Env, proxyEnv())
+	}
 	if s.cgroups == nil {
 		if a.Resources.AsksForLimits() {
 			return session.Spec{}, errdefs.FailedPrecondition(
@@ -172,9 +180,26 @@ func runtimeEnv(agentEnv []string, homeDir, tmp string) []string {
 	if lang == "" {
 		lang = "C.UTF-8"
 	}
-	all := append([]string{"PATH=" + path, "LANG=" + lang, "TERM=dumb"}, agentEnv...)
-	all = append(all, "HOME="+homeDir, "TMPDIR="+tmp)
-	// The last value of a variable wins, kept in its first position.
+	base := []string{"PATH=" + path, "LANG=" + lang, "TERM=dumb"}
+	return mergeEnv(mergeEnv(base, agentEnv), []string{"HOME=" + homeDir, "TMPDIR=" + tmp})
+}
+
+// proxyEnv points every usual proxy variable at the sandbox's proxy.
+func proxyEnv() []string {
+	httpProxy := fmt.Sprintf("http://127.0.0.1:%d", sandbox.HTTPProxyPort)
+	socks := fmt.Sprintf("socks5h://127.0.0.1:%d", sandbox.SOCKSProxyPort)
+	noProxy := "localhost,127.0.0.1,::1"
+	var env []string
+	for _, kv := range [][2]string{{"HTTP_PROXY", httpProxy}, {"HTTPS_PROXY", httpProxy}, {"ALL_PROXY", socks}, {"NO_PROXY", noProxy}} {
+		env = append(env, kv[0]+"="+kv[1], strings.ToLower(kv[0])+"="+kv[1])
+	}
+	return env
+}
+
+// mergeEnv returns base with over's variables set: a variable keeps its
+// first position, and the last value given wins.
+func mergeEnv(base, over []string) []string {
+	all := append(append([]string(nil), base...), over...)
 	index := map[string]int{}
 	var env []string
 	for _, kv := range all {
@@ -287,6 +312,9 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 
 // monitor waits for the end of a run through its shim, and records it.
 func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
+	if ss.record().Spec.Sandbox != nil {
+		go s.followViolations(ss, run)
+	}
 	resp, err := conn.shim.Wait(s.ctx, &shimv1.WaitRequest{})
 	if s.ctx.Err() != nil {
 		return // the supervisor is stopping; the shim carries on

@@ -167,6 +167,12 @@ func newSessionShowCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
 			}
 			fmt.Fprintf(w, "created:   %s\n", timeString(s.CreatedAt))
+			if s.ViolationCount > 0 {
+				fmt.Fprintf(w, "network:   %d connections refused; the latest:\n", s.ViolationCount)
+				for _, v := range s.Violations {
+					fmt.Fprintf(w, "  %s  %s %s:%d  %s\n", timeString(v.Time), v.Protocol, v.Host, v.Port, v.Reason)
+				}
+			}
 			return nil
 		},
 	}

@@ -97,6 +97,19 @@ type sessionJSON struct {
 	Cgroup      string    `json:"cgroup"`
 	Limits      string    `json:"limits"`
 	Usage       usageJSON `json:"usage"`
+	// ViolationCount and Violations: connections the network policy
+	// refused (the recent ones in `session show`).
+	ViolationCount int             `json:"violationCount"`
+	Violations     []violationJSON `json:"violations"`
+}
+
+type violationJSON struct {
+	Time     string `json:"time"`
+	Protocol string `json:"protocol"`
+	Host     string `json:"host"`
+	Port     int    `json:"port"`
+	Addr     string `json:"addr"`
+	Reason   string `json:"reason"`
 }
 
 // usageJSON is a running session's cgroup counters (zero otherwise).
@@ -171,6 +184,11 @@ func sessionView(s *adminv1.Session) sessionJSON {
 	}
 	if u := s.Usage; u != nil {
 		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}
+	}
+	v.ViolationCount = int(s.ViolationCount)
+	v.Violations = []violationJSON{}
+	for _, x := range s.Violations {
+		v.Violations = append(v.Violations, violationJSON{Time: timeString(x.Time), Protocol: x.Protocol, Host: x.Host, Port: int(x.Port), Addr: x.Addr, Reason: x.Reason})
 	}
 	return v
 }

@@ -979,27 +979,29 @@ func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
 }
 
 type Session struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Agent         string                 `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
-	AgentId       string                 `protobuf:"bytes,3,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
-	Strategy      string                 `protobuf:"bytes,4,opt,name=strategy,proto3" json:"strategy,omitempty"`
-	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"` // running, exited, lost
-	Pid           uint32                 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`    // the runtime's
-	ExitCode      int32                  `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
-	Run           uint32                 `protobuf:"varint,9,opt,name=run,proto3" json:"run,omitempty"` // how many times it has run
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
-	OutputBytes   uint64                 `protobuf:"varint,13,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"` // size of the output log: an offset to attach from
-	Command       []string               `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
-	ShimPid       uint32                 `protobuf:"varint,15,opt,name=shim_pid,json=shimPid,proto3" json:"shim_pid,omitempty"`
-	Cgroup        string                 `protobuf:"bytes,16,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
-	Limits        string                 `protobuf:"bytes,17,opt,name=limits,proto3" json:"limits,omitempty"` // what limits apply, or why none do
-	Usage         *Usage                 `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`   // GetSession of a running session with a cgroup
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Agent          string                 `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	AgentId        string                 `protobuf:"bytes,3,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	Strategy       string                 `protobuf:"bytes,4,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	State          string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"` // running, exited, lost
+	Pid            uint32                 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`    // the runtime's
+	ExitCode       int32                  `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Reason         string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	Run            uint32                 `protobuf:"varint,9,opt,name=run,proto3" json:"run,omitempty"` // how many times it has run
+	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	StartedAt      *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	ExitedAt       *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	OutputBytes    uint64                 `protobuf:"varint,13,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"` // size of the output log: an offset to attach from
+	Command        []string               `protobuf:"bytes,14,rep,name=command,proto3" json:"command,omitempty"`
+	ShimPid        uint32                 `protobuf:"varint,15,opt,name=shim_pid,json=shimPid,proto3" json:"shim_pid,omitempty"`
+	Cgroup         string                 `protobuf:"bytes,16,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Limits         string                 `protobuf:"bytes,17,opt,name=limits,proto3" json:"limits,omitempty"`                                        // what limits apply, or why none do
+	Usage          *Usage                 `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`                                          // GetSession of a running session with a cgroup
+	ViolationCount uint32                 `protobuf:"varint,19,opt,name=violation_count,json=violationCount,proto3" json:"violation_count,omitempty"` // connections the network policy refused
+	Violations     []*Violation           `protobuf:"bytes,20,rep,name=violations,proto3" json:"violations,omitempty"`                                // GetSession: the most recent ones
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -1158,6 +1160,105 @@ func (x *Session) GetUsage() *Usage {
 	return nil
 }
 
+func (x *Session) GetViolationCount() uint32 {
+	if x != nil {
+		return x.ViolationCount
+	}
+	return 0
+}
+
+func (x *Session) GetViolations() []*Violation {
+	if x != nil {
+		return x.Violations
+	}
+	return nil
+}
+
+// Violation is a connection the network policy refused.
+type Violation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	Protocol      string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"` // http, connect or socks5
+	Host          string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	Port          uint32                 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	Addr          string                 `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"` // the resolved address, when it got that far
+	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Violation) Reset() {
+	*x = Violation{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Violation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Violation) ProtoMessage() {}
+
+func (x *Violation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Violation.ProtoReflect.Descriptor instead.
+func (*Violation) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Violation) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Violation) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *Violation) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *Violation) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *Violation) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *Violation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Usage is what a session's cgroup counts.
 type Usage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1170,7 +1271,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1283,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1296,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Usage) GetMemoryBytes() uint64 {
@@ -1229,7 +1330,7 @@ type StartSessionRequest struct {
 
 func (x *StartSessionRequest) Reset() {
 	*x = StartSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1342,7 @@ func (x *StartSessionRequest) String() string {
 func (*StartSessionRequest) ProtoMessage() {}
 
 func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1355,7 @@ func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSessionRequest.ProtoReflect.Descriptor instead.
 func (*StartSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartSessionRequest) GetAgent() string {
@@ -1280,7 +1381,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1393,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1406,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResumeSessionRequest) GetId() string {
@@ -1324,7 +1425,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1437,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1450,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSessionsRequest) GetAgent() string {
@@ -1368,7 +1469,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1481,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1494,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -1412,7 +1513,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1525,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1538,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetSessionRequest) GetId() string {
@@ -1457,7 +1558,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1570,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1583,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StopSessionRequest) GetId() string {
@@ -1509,7 +1610,7 @@ type KillSessionRequest struct {
 
 func (x *KillSessionRequest) Reset() {
 	*x = KillSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1622,7 @@ func (x *KillSessionRequest) String() string {
 func (*KillSessionRequest) ProtoMessage() {}
 
 func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1635,7 @@ func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionRequest.ProtoReflect.Descriptor instead.
 func (*KillSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KillSessionRequest) GetId() string {
@@ -1559,7 +1660,7 @@ type KillSessionResponse struct {
 
 func (x *KillSessionResponse) Reset() {
 	*x = KillSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1672,7 @@ func (x *KillSessionResponse) String() string {
 func (*KillSessionResponse) ProtoMessage() {}
 
 func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1685,7 @@ func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionResponse.ProtoReflect.Descriptor instead.
 func (*KillSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 type WaitSessionRequest struct {
@@ -1596,7 +1697,7 @@ type WaitSessionRequest struct {
 
 func (x *WaitSessionRequest) Reset() {
 	*x = WaitSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1709,7 @@ func (x *WaitSessionRequest) String() string {
 func (*WaitSessionRequest) ProtoMessage() {}
 
 func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1722,7 @@ func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitSessionRequest.ProtoReflect.Descriptor instead.
 func (*WaitSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WaitSessionRequest) GetId() string {
@@ -1641,7 +1742,7 @@ type RemoveSessionRequest struct {
 
 func (x *RemoveSessionRequest) Reset() {
 	*x = RemoveSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1754,7 @@ func (x *RemoveSessionRequest) String() string {
 func (*RemoveSessionRequest) ProtoMessage() {}
 
 func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1767,7 @@ func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveSessionRequest) GetId() string {
@@ -1691,7 +1792,7 @@ type RemoveSessionResponse struct {
 
 func (x *RemoveSessionResponse) Reset() {
 	*x = RemoveSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1804,7 @@ func (x *RemoveSessionResponse) String() string {
 func (*RemoveSessionResponse) ProtoMessage() {}
 
 func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1817,7 @@ func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 type WriteStdinRequest struct {
@@ -1729,7 +1830,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1842,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1855,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1780,7 +1881,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1893,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +1906,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1824,7 +1925,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +1937,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +1950,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -1867,7 +1968,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1980,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +1993,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 type AttachRequest struct {
@@ -1906,7 +2007,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2019,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2032,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -1967,7 +2068,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1979,7 +2080,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1992,7 +2093,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -2032,7 +2133,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2145,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2158,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EventsRequest) GetFollow() bool {
@@ -2081,7 +2182,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2194,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2207,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -2228,7 +2329,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x1c.agentconnect.admin.v1.AgentR\x06agents\"(\n" +
 	"\x12DeleteAgentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteAgentResponse\"\xc0\x04\n" +
+	"\x13DeleteAgentResponse\"\xab\x05\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x19\n" +
@@ -2250,7 +2351,18 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\bshim_pid\x18\x0f \x01(\rR\ashimPid\x12\x16\n" +
 	"\x06cgroup\x18\x10 \x01(\tR\x06cgroup\x12\x16\n" +
 	"\x06limits\x18\x11 \x01(\tR\x06limits\x122\n" +
-	"\x05usage\x18\x12 \x01(\v2\x1c.agentconnect.admin.v1.UsageR\x05usage\"`\n" +
+	"\x05usage\x18\x12 \x01(\v2\x1c.agentconnect.admin.v1.UsageR\x05usage\x12'\n" +
+	"\x0fviolation_count\x18\x13 \x01(\rR\x0eviolationCount\x12@\n" +
+	"\n" +
+	"violations\x18\x14 \x03(\v2 .agentconnect.admin.v1.ViolationR\n" +
+	"violations\"\xab\x01\n" +
+	"\tViolation\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\rR\x04port\x12\x12\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"`\n" +
 	"\x05Usage\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x04R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x02 \x01(\x04R\x04pids\x12 \n" +
@@ -2351,7 +2463,7 @@ func file_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_api_admin_v1_admin_proto_goTypes = []any{
 	(Stream)(0),                   // 0: agentconnect.admin.v1.Stream
 	(*StatusRequest)(nil),         // 1: agentconnect.admin.v1.StatusRequest
@@ -2369,86 +2481,89 @@ var file_api_admin_v1_admin_proto_goTypes = []any{
 	(*DeleteAgentRequest)(nil),    // 13: agentconnect.admin.v1.DeleteAgentRequest
 	(*DeleteAgentResponse)(nil),   // 14: agentconnect.admin.v1.DeleteAgentResponse
 	(*Session)(nil),               // 15: agentconnect.admin.v1.Session
-	(*Usage)(nil),                 // 16: agentconnect.admin.v1.Usage
-	(*StartSessionRequest)(nil),   // 17: agentconnect.admin.v1.StartSessionRequest
-	(*ResumeSessionRequest)(nil),  // 18: agentconnect.admin.v1.ResumeSessionRequest
-	(*ListSessionsRequest)(nil),   // 19: agentconnect.admin.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 20: agentconnect.admin.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),     // 21: agentconnect.admin.v1.GetSessionRequest
-	(*StopSessionRequest)(nil),    // 22: agentconnect.admin.v1.StopSessionRequest
-	(*KillSessionRequest)(nil),    // 23: agentconnect.admin.v1.KillSessionRequest
-	(*KillSessionResponse)(nil),   // 24: agentconnect.admin.v1.KillSessionResponse
-	(*WaitSessionRequest)(nil),    // 25: agentconnect.admin.v1.WaitSessionRequest
-	(*RemoveSessionRequest)(nil),  // 26: agentconnect.admin.v1.RemoveSessionRequest
-	(*RemoveSessionResponse)(nil), // 27: agentconnect.admin.v1.RemoveSessionResponse
-	(*WriteStdinRequest)(nil),     // 28: agentconnect.admin.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 29: agentconnect.admin.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),     // 30: agentconnect.admin.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),    // 31: agentconnect.admin.v1.CloseStdinResponse
-	(*AttachRequest)(nil),         // 32: agentconnect.admin.v1.AttachRequest
-	(*OutputChunk)(nil),           // 33: agentconnect.admin.v1.OutputChunk
-	(*EventsRequest)(nil),         // 34: agentconnect.admin.v1.EventsRequest
-	(*Event)(nil),                 // 35: agentconnect.admin.v1.Event
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*Violation)(nil),             // 16: agentconnect.admin.v1.Violation
+	(*Usage)(nil),                 // 17: agentconnect.admin.v1.Usage
+	(*StartSessionRequest)(nil),   // 18: agentconnect.admin.v1.StartSessionRequest
+	(*ResumeSessionRequest)(nil),  // 19: agentconnect.admin.v1.ResumeSessionRequest
+	(*ListSessionsRequest)(nil),   // 20: agentconnect.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),  // 21: agentconnect.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),     // 22: agentconnect.admin.v1.GetSessionRequest
+	(*StopSessionRequest)(nil),    // 23: agentconnect.admin.v1.StopSessionRequest
+	(*KillSessionRequest)(nil),    // 24: agentconnect.admin.v1.KillSessionRequest
+	(*KillSessionResponse)(nil),   // 25: agentconnect.admin.v1.KillSessionResponse
+	(*WaitSessionRequest)(nil),    // 26: agentconnect.admin.v1.WaitSessionRequest
+	(*RemoveSessionRequest)(nil),  // 27: agentconnect.admin.v1.RemoveSessionRequest
+	(*RemoveSessionResponse)(nil), // 28: agentconnect.admin.v1.RemoveSessionResponse
+	(*WriteStdinRequest)(nil),     // 29: agentconnect.admin.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 30: agentconnect.admin.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),     // 31: agentconnect.admin.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),    // 32: agentconnect.admin.v1.CloseStdinResponse
+	(*AttachRequest)(nil),         // 33: agentconnect.admin.v1.AttachRequest
+	(*OutputChunk)(nil),           // 34: agentconnect.admin.v1.OutputChunk
+	(*EventsRequest)(nil),         // 35: agentconnect.admin.v1.EventsRequest
+	(*Event)(nil),                 // 36: agentconnect.admin.v1.Event
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
 }
 var file_api_admin_v1_admin_proto_depIdxs = []int32{
-	36, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	37, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: agentconnect.admin.v1.StatusResponse.strategies:type_name -> agentconnect.admin.v1.Strategy
 	3,  // 2: agentconnect.admin.v1.StatusResponse.cgroups:type_name -> agentconnect.admin.v1.Cgroups
 	5,  // 3: agentconnect.admin.v1.Agent.mounts:type_name -> agentconnect.admin.v1.Mount
 	6,  // 4: agentconnect.admin.v1.Agent.resources:type_name -> agentconnect.admin.v1.Resources
-	36, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	37, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 6: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 7: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 8: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
-	36, // 9: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	36, // 10: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	36, // 11: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
-	16, // 12: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
-	15, // 13: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
-	0,  // 14: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	36, // 15: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1,  // 16: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	8,  // 17: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	9,  // 18: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	10, // 19: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	11, // 20: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	13, // 21: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	17, // 22: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	18, // 23: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	19, // 24: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	21, // 25: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	22, // 26: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	23, // 27: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	25, // 28: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	26, // 29: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	28, // 30: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	30, // 31: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	32, // 32: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	34, // 33: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 34: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 35: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 36: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 37: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	12, // 38: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	14, // 39: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	15, // 40: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	15, // 41: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	20, // 42: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	15, // 43: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	15, // 44: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	24, // 45: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	15, // 46: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	27, // 47: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	29, // 48: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	31, // 49: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	33, // 50: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	35, // 51: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	34, // [34:52] is the sub-list for method output_type
-	16, // [16:34] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	37, // 9: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	37, // 10: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	37, // 11: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
+	17, // 12: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
+	16, // 13: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
+	37, // 14: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
+	15, // 15: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
+	0,  // 16: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
+	37, // 17: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	8,  // 19: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	9,  // 20: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	10, // 21: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	11, // 22: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	13, // 23: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	18, // 24: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	19, // 25: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	20, // 26: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	22, // 27: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	23, // 28: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	24, // 29: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	26, // 30: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	27, // 31: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	29, // 32: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	31, // 33: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	33, // 34: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	35, // 35: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	4,  // 36: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 37: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 38: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 39: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	12, // 40: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	14, // 41: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	15, // 42: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	15, // 43: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	21, // 44: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	15, // 45: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	15, // 46: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	25, // 47: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	15, // 48: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	28, // 49: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	30, // 50: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	32, // 51: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	34, // 52: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	36, // 53: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	36, // [36:54] is the sub-list for method output_type
+	18, // [18:36] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }
@@ -2462,7 +2577,7 @@ func file_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_admin_v1_admin_proto_rawDesc), len(file_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

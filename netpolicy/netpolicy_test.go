@@ -1,0 +1,238 @@
+package netpolicy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func mustNew(t *testing.T, allowed, denied []string) *Policy {
+	t.Helper()
+	p, err := New(allowed, denied)
+	if err != nil {
+		t.Fatalf("New(%q, %q) = %v", allowed, denied, err)
+	}
+	return p
+}
+
+func TestNewAccepts(t *testing.T) {
+	good := []string{
+		"example.com", "EXAMPLE.com", "example.com.", "*.example.com", "example.com:443", "*.example.com:8080",
+		"localhost", "localhost:8080", "my_host.internal", "127.0.0.1", "127.0.0.1:8080", "::1", "[::1]",
+		"[::1]:443", "2001:db8::1", "[2001:db8::1]:80", "::ffff:10.0.0.1", "xn--bcher-kva.example",
+	}
+	for _, s := range good {
+		if _, err := New([]string{s}, []string{s}); err != nil {
+			t.Errorf("New(%q) = %v, want nil", s, err)
+		}
+	}
+}
+
+func TestNewRejects(t *testing.T) {
+	bad := []string{
+		"", " example.com", "example.com ", "example.com:", "example.com:0", "example.com:65536",
+		"example.com:http", "example.com:+80", "example.com:80:90", "[::1", "[::1]x", "[::1]:", "[example.com]:80",
+		"[127.0.0.1]:80", "*", "*.", "*example.com", "a.*.example.com", "*.*.example.com", "exa mple.com",
+		"10.0.0.0/8", "-bad.com", "bad-.com", "foo..com", ".example.com", "1.2.3", "256.1.1.1",
+		"[fe80::1%eth0]:80", "fe80::1%eth0", "bücher.example", "http://example.com",
+		strings.Repeat("a", 64) + ".com", strings.Repeat("abcdefghi.", 26) + "com",
+	}
+	for _, s := range bad {
+		_, err := New([]string{s}, nil)
+		if err == nil {
+			t.Errorf("New(allowed %q) = nil, want an error", s)
+			continue
+		}
+		if want := "allowedDomains entry " + quote(s); !strings.Contains(err.Error(), want) {
+			t.Errorf("New(allowed %q) = %q, want it to contain %q", s, err, want)
+		}
+		_, err = New(nil, []string{"ok.example", s})
+		if err == nil || !strings.Contains(err.Error(), "deniedDomains entry "+quote(s)) {
+			t.Errorf("New(denied %q) = %v, want an error naming the deniedDomains entry", s, err)
+		}
+	}
+}
+
+func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"` }
+
+func TestCheckName(t *testing.T) {
+	tests := []struct {
+		name            string
+		allowed, denied []string
+		host            string
+		port            int
+		allow           bool
+		reason          string // substring of Decision.Reason
+	}{
+		{"no lists", nil, nil, "example.com", 443, true, "no allowedDomains list"},
+		{"no lists, IP", nil, nil, "198.51.100.7", 80, true, "no allowedDomains list"},
+		{"exact", []string{"example.com"}, nil, "example.com", 443, true, `entry "example.com"`},
+		{"exact, any port", []string{"example.com"}, nil, "example.com", 8443, true, `entry "example.com"`},
+		{"case and trailing dot", []string{"Example.COM"}, nil, "EXAMPLE.com.", 443, true, `entry "Example.COM"`},
+		{"exact does not open subdomain", []string{"example.com"}, nil, "www.example.com", 443, false, `www.example.com is not in allowedDomains; add "www.example.com"`},
+		{"not listed", []string{"example.com"}, nil, "other.org", 443, false, `add "other.org" (or "other.org:443" for this port only)`},
+		{"wildcard subdomain", []string{"*.example.com"}, nil, "www.example.com", 443, true, `entry "*.example.com"`},
+		{"wildcard deep subdomain", []string{"*.example.com"}, nil, "a.b.example.com", 443, true, `entry "*.example.com"`},
+		{"wildcard not bare name", []string{"*.example.com"}, nil, "example.com", 443, false, "not in allowedDomains"},
+		{"wildcard not suffix of label", []string{"*.example.com"}, nil, "badexample.com", 443, false, "not in allowedDomains"},
+		{"wildcard and bare", []string{"*.example.com", "example.com"}, nil, "example.com", 443, true, `entry "example.com"`},
+		{"port match", []string{"example.com:443"}, nil, "example.com", 443, true, `entry "example.com:443"`},
+		{"port mismatch", []string{"example.com:443"}, nil, "example.com", 80, false, `only on other ports ("example.com:443"); add "example.com:80"`},
+		{"wildcard port mismatch", []string{"*.example.com:443"}, nil, "api.example.com", 80, false, "only on other ports"},
+		{"denied without allowlist", nil, []string{"*.evil.test"}, "x.evil.test", 443, false, `x.evil.test:443 is denied by deniedDomains entry "*.evil.test"`},
+		{"denied wildcard spares bare name", nil, []string{"*.evil.test"}, "evil.test", 443, true, "no allowedDomains list"},
+		{"deny wins over allow", []string{"*.example.com"}, []string{"bad.example.com"}, "bad.example.com", 443, false, `denied by deniedDomains entry "bad.example.com"`},
+		{"deny leaves others", []string{"*.example.com"}, []string{"bad.example.com"}, "good.example.com", 443, true, `entry "*.example.com"`},
+		{"deny wins over same entry", []string{"example.com"}, []string{"example.com"}, "example.com", 443, false, "denied"},
+		{"denied port", nil, []string{"example.com:80"}, "example.com", 80, false, `denied by deniedDomains entry "example.com:80"`},
+		{"denied other port", nil, []string{"example.com:80"}, "example.com", 443, true, "no allowedDomains list"},
+		{"denied trailing dot", nil, []string{"evil.test"}, "EVIL.test.", 443, false, "denied"},
+		{"IP allowed", []string{"198.51.100.7"}, nil, "198.51.100.7", 443, true, `entry "198.51.100.7"`},
+		{"IP not allowed", []string{"198.51.100.7"}, nil, "198.51.100.8", 443, false, `198.51.100.8 is not in allowedDomains`},
+		{"mapped IP matches IPv4 entry", []string{"198.51.100.7"}, nil, "::ffff:198.51.100.7", 443, true, `entry "198.51.100.7"`},
+		{"mapped IP denied by IPv4 entry", nil, []string{"198.51.100.7"}, "[::ffff:198.51.100.7]", 443, false, "denied"},
+		{"IPv6 with port", []string{"[2001:db8::1]:443"}, nil, "[2001:db8::1]", 443, true, `entry "[2001:db8::1]:443"`},
+		{"IPv6 port mismatch", []string{"[2001:db8::1]:443"}, nil, "2001:db8::1", 80, false, `add "[2001:db8::1]:80"`},
+		{"IPv6 spelled differently", []string{"2001:DB8:0::1"}, nil, "2001:db8::1", 80, true, "allowed"},
+		{"name entry does not match IP", []string{"example.com"}, nil, "198.51.100.7", 443, false, "not in allowedDomains"},
+		{"IP entry does not match name", []string{"198.51.100.7"}, nil, "example.com", 443, false, "not in allowedDomains"},
+		{"invalid host", nil, nil, "exa mple.com", 443, false, "invalid host"},
+		{"empty host", nil, nil, "", 443, false, "invalid host"},
+		{"numeric-looking name", nil, nil, "127.1", 443, false, "invalid host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, tt.allowed, tt.denied)
+			d := p.CheckName(tt.host, tt.port)
+			if d.Allow != tt.allow || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("CheckName(%q, %d) = %+v, want Allow %v and a reason containing %q", tt.host, tt.port, d, tt.allow, tt.reason)
+			}
+		})
+	}
+}
+
+func TestCheckAddrClasses(t *testing.T) {
+	tests := []struct {
+		ip    string
+		class string // "" for public
+	}{
+		{"198.51.100.7", ""},
+		{"192.0.2.1", ""},
+		{"203.0.113.5", ""},
+		{"8.8.8.8", ""},
+		{"172.32.0.1", ""},
+		{"100.128.0.1", ""},
+		{"2001:db8::1", ""},
+		{"2606:4700::1111", ""},
+		{"::ffff:198.51.100.7", ""},
+		{"64:ff9b::c633:6407", ""}, // NAT64 of 198.51.100.7
+		{"127.0.0.1", "loopback address"},
+		{"127.255.255.254", "loopback address"},
+		{"10.1.2.3", "private address"},
+		{"172.16.0.1", "private address"},
+		{"172.31.255.255", "private address"},
+		{"192.168.1.1", "private address"},
+		{"169.254.1.1", "link-local address"},
+		{"169.254.169.254", "cloud metadata address"},
+		{"100.64.0.1", "carrier-grade NAT address"},
+		{"100.127.255.255", "carrier-grade NAT address"},
+		{"0.0.0.0", "unspecified address"},
+		{"0.1.2.3", "this-network address"},
+		{"224.0.0.1", "multicast address"},
+		{"239.255.255.250", "multicast address"},
+		{"255.255.255.255", "broadcast address"},
+		{"240.0.0.1", "reserved address"},
+		{"::", "unspecified address"},
+		{"::1", "loopback address"},
+		{"fe80::1", "link-local address"},
+		{"fe80::1%eth0", "link-local address"},
+		{"fc00::1", "private address"},
+		{"fd12:3456::1", "private address"},
+		{"fd00:ec2::254", "cloud metadata address"},
+		{"ff02::1", "multicast address"},
+		{"::ffff:127.0.0.1", "loopback address (IPv4-mapped)"},
+		{"::ffff:10.0.0.1", "private address (IPv4-mapped)"},
+		{"::ffff:169.254.169.254", "cloud metadata address (IPv4-mapped)"},
+		{"::ffff:0.0.0.0", "unspecified address (IPv4-mapped)"},
+		{"64:ff9b::7f00:1", "loopback address (NAT64)"},
+		{"::127.0.0.1", "IPv4-compatible address"},
+	}
+	p := mustNew(t, nil, nil)
+	for _, tt := range tests {
+		ip := netip.MustParseAddr(tt.ip)
+		if got := Classify(ip); got != tt.class {
+			t.Errorf("Classify(%s) = %q, want %q", tt.ip, got, tt.class)
+		}
+		d := p.CheckAddr("example.com", ip, 443)
+		if d.Allow != (tt.class == "") {
+			t.Errorf("CheckAddr(example.com, %s, 443) = %+v, want Allow %v", tt.ip, d, tt.class == "")
+		}
+		if tt.class != "" && (!strings.Contains(d.Reason, tt.class) || !strings.Contains(d.Reason, ip.String())) {
+			t.Errorf("CheckAddr(example.com, %s, 443).Reason = %q, want it to name %q and the address", tt.ip, d.Reason, tt.class)
+		}
+	}
+}
+
+func TestCheckAddr(t *testing.T) {
+	tests := []struct {
+		name            string
+		allowed, denied []string
+		host, ip        string
+		port            int
+		allow           bool
+		reason          string
+	}{
+		{"public", []string{"example.com"}, nil, "example.com", "198.51.100.7", 443, true, "198.51.100.7 is a public address"},
+		{"public name to loopback", []string{"example.com"}, nil, "example.com", "127.0.0.1", 80, false,
+			`example.com:80 (resolved to 127.0.0.1) is a loopback address, which is refused; to allow it, add "example.com:80" to allowedDomains`},
+		{"no lists, name to loopback", nil, nil, "sneaky.test", "127.0.0.1", 80, false, "resolved to 127.0.0.1"},
+		{"name:port opens loopback", []string{"example.com:8080"}, nil, "example.com", "127.0.0.1", 8080, true, `allowed by allowedDomains entry "example.com:8080"`},
+		{"name:port, other port", []string{"example.com:8080"}, nil, "example.com", "127.0.0.1", 8081, false, "loopback"},
+		{"name:port, case and dot", []string{"Example.com:8080"}, nil, "EXAMPLE.COM.", "127.0.0.1", 8080, true, "allowed"},
+		{"name without port does not open", []string{"example.com"}, nil, "example.com", "10.0.0.1", 443, false, "private address"},
+		{"wildcard never opens", []string{"*.example.com:8080"}, nil, "dev.example.com", "127.0.0.1", 8080, false, "loopback"},
+		{"other name's entry does not open", []string{"other.test:8080"}, nil, "example.com", "127.0.0.1", 8080, false, "loopback"},
+		{"localhost:8080", []string{"localhost:8080"}, nil, "localhost", "127.0.0.1", 8080, true, "allowed"},
+		{"localhost:8080 IPv6", []string{"localhost:8080"}, nil, "localhost", "::1", 8080, true, "allowed"},
+		{"localhost:8080 other port", []string{"localhost:8080"}, nil, "localhost", "127.0.0.1", 8081, false, `add "localhost:8081"`},
+		{"IP entry opens literal", []string{"127.0.0.1:8080"}, nil, "127.0.0.1", "127.0.0.1", 8080, true, `entry "127.0.0.1:8080"`},
+		{"IP entry opens resolved", []string{"127.0.0.1:8080"}, nil, "foo.test", "127.0.0.1", 8080, true, `entry "127.0.0.1:8080"`},
+		{"IP entry opens mapped", []string{"127.0.0.1:8080"}, nil, "::ffff:127.0.0.1", "::ffff:127.0.0.1", 8080, true, "allowed"},
+		{"IP entry, other address", []string{"127.0.0.1:8080"}, nil, "127.0.0.2", "127.0.0.2", 8080, false, `add "127.0.0.2:8080"`},
+		{"IP entry without port", []string{"127.0.0.1"}, nil, "127.0.0.1", "127.0.0.1", 8080, false, "loopback"},
+		{"IPv6 entry", []string{"[::1]:443"}, nil, "::1", "::1", 443, true, `entry "[::1]:443"`},
+		{"IPv6 entry other port", []string{"[::1]:443"}, nil, "::1", "::1", 80, false, `add "[::1]:80"`},
+		{"metadata", nil, nil, "metadata.google.internal", "169.254.169.254", 80, false, "cloud metadata address"},
+		{"metadata mapped", nil, nil, "x.test", "::ffff:169.254.169.254", 80, false, "cloud metadata address (IPv4-mapped)"},
+		{"denied IP on resolved address", nil, []string{"198.51.100.9"}, "good.test", "198.51.100.9", 443, false, `denied by deniedDomains entry "198.51.100.9"`},
+		{"denied IP on mapped address", nil, []string{"198.51.100.9"}, "good.test", "::ffff:198.51.100.9", 443, false, "denied"},
+		{"denied IP other port", nil, []string{"198.51.100.9:80"}, "good.test", "198.51.100.9", 443, true, "public"},
+		{"deny wins over explicit allow", []string{"127.0.0.1:8080"}, []string{"127.0.0.1"}, "127.0.0.1", "127.0.0.1", 8080, false, "denied"},
+		{"bad host judged by address", []string{"127.0.0.1:8080"}, nil, "", "127.0.0.1", 8080, true, "allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, tt.allowed, tt.denied)
+			d := p.CheckAddr(tt.host, netip.MustParseAddr(tt.ip), tt.port)
+			if d.Allow != tt.allow || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("CheckAddr(%q, %s, %d) = %+v, want Allow %v and a reason containing %q", tt.host, tt.ip, tt.port, d, tt.allow, tt.reason)
+			}
+		})
+	}
+}
+
+func TestNilPolicy(t *testing.T) {
+	var p *Policy
+	if d := p.CheckName("example.com", 443); !d.Allow {
+		t.Errorf("nil CheckName = %+v, want allowed", d)
+	}
+	if d := p.CheckAddr("example.com", netip.MustParseAddr("198.51.100.7"), 443); !d.Allow {
+		t.Errorf("nil CheckAddr(public) = %+v, want allowed", d)
+	}
+	if d := p.CheckAddr("example.com", netip.MustParseAddr("127.0.0.1"), 443); d.Allow {
+		t.Errorf("nil CheckAddr(loopback) = %+v, want refused", d)
+	}
+	if d := p.CheckAddr("example.com", netip.Addr{}, 443); d.Allow {
+		t.Errorf("CheckAddr(invalid address) = %+v, want refused", d)
+	}
+}

@@ -1,0 +1,349 @@
+// Package proxy is the policy proxy a sandbox reaches the network through: HTTP (CONNECT and absolute-URI requests) and SOCKS5 on one listener.
+//
+// The proxy resolves names itself, checks the name and every resolved address
+// against a netpolicy.Policy, and dials the checked address (never the name
+// again, so DNS cannot rebind between the check and the dial).
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/netpolicy"
+)
+
+const (
+	// defaultHandshakeTimeout bounds reading a request's headers or a SOCKS5
+	// handshake, so a client that stalls only holds its own connection.
+	defaultHandshakeTimeout = 30 * time.Second
+	// dialTimeout bounds one TCP dial to one resolved address.
+	dialTimeout = 10 * time.Second
+	// resolveTimeout bounds one name resolution.
+	resolveTimeout = 10 * time.Second
+	// replyTimeout bounds writing a short reply (an error page, a SOCKS5
+	// reply) to a client that does not read.
+	replyTimeout = 10 * time.Second
+	// maxHeaderBytes bounds a request line plus headers.
+	maxHeaderBytes = 64 << 10
+)
+
+// Server is a policy proxy. Set its fields before calling Serve and do not
+// change them afterwards.
+type Server struct {
+	// Policy decides which destinations may be reached; nil is the empty
+	// policy (any name, public addresses only).
+	Policy *netpolicy.Policy
+	// Resolver resolves names; nil means net.DefaultResolver.
+	Resolver interface {
+		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+	}
+	// Dial connects to a checked "ip:port"; nil means a net.Dialer. Each call
+	// gets a context that ends after 10 s.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// OnViolation, if set, is called for every refusal, from the connection's
+	// goroutine; it should return quickly.
+	OnViolation func(Violation)
+	// Logf, if set, receives one line per refusal or failed connection.
+	Logf func(format string, args ...any)
+	// HandshakeTimeout bounds reading a request's headers or a SOCKS5
+	// handshake; 0 means 30 s.
+	HandshakeTimeout time.Duration
+}
+
+// Violation describes one refused connection.
+type Violation struct {
+	Time     time.Time
+	Protocol string // "http" | "connect" | "socks5"
+	Host     string // as the client asked
+	Port     int
+	Addr     string // the resolved address that was refused, when it got that far
+	Reason   string
+}
+
+// refusedError is a policy refusal.
+type refusedError struct{ v Violation }
+
+func (e *refusedError) Error() string { return "refused by policy: " + e.v.Reason }
+
+// resolveError is a failure to resolve the destination's name.
+type resolveError struct {
+	host string
+	err  error
+}
+
+func (e *resolveError) Error() string { return fmt.Sprintf("resolve %s: %v", e.host, e.err) }
+func (e *resolveError) Unwrap() error { return e.err }
+
+// Serve accepts connections on l until l is closed, each served on its own
+// goroutine. When l is closed it returns nil, after closing the connections
+// it accepted (tunnels included) and waiting for their goroutines.
+func (s *Server) Serve(l net.Listener) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	set := &connSet{conns: make(map[net.Conn]struct{})}
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		set.closeAll()
+		wg.Wait()
+	}()
+	var backoff time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			if isTemporaryAcceptError(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.logf("proxy: accept: %v; retrying in %v", err, backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		backoff = 0
+		if !set.add(c) {
+			c.Close()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer set.remove(c)
+			defer c.Close()
+			s.serveConn(ctx, set, c)
+		}()
+	}
+}
+
+func isTemporaryAcceptError(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// connSet holds the connections of one Serve call, so they can all be closed
+// when it returns.
+type connSet struct {
+	mu     sync.Mutex // guards the fields that follow
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// add records c; it returns false (and records nothing) once closeAll ran.
+func (cs *connSet) add(c net.Conn) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.closed {
+		return false
+	}
+	cs.conns[c] = struct{}{}
+	return true
+}
+
+func (cs *connSet) remove(c net.Conn) {
+	cs.mu.Lock()
+	delete(cs.conns, c)
+	cs.mu.Unlock()
+}
+
+func (cs *connSet) closeAll() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.closed = true
+	for c := range cs.conns {
+		c.Close()
+	}
+}
+
+// clientConn is an accepted connection with its buffered reader. lr caps how
+// much the reader may pull from the connection while headers are read.
+type clientConn struct {
+	net.Conn
+	lr *io.LimitedReader
+	br *bufio.Reader
+}
+
+const socks5Version = 0x05
+
+func (s *Server) serveConn(ctx context.Context, set *connSet, c net.Conn) {
+	lr := &io.LimitedReader{R: c, N: maxHeaderBytes}
+	cc := &clientConn{Conn: c, lr: lr, br: bufio.NewReaderSize(lr, 4096)}
+	c.SetDeadline(time.Now().Add(s.handshakeTimeout()))
+	first, err := cc.br.Peek(1)
+	if err != nil {
+		return
+	}
+	if first[0] == socks5Version {
+		s.serveSOCKS5(ctx, set, cc)
+		return
+	}
+	s.serveHTTP(ctx, set, cc)
+}
+
+func (s *Server) handshakeTimeout() time.Duration {
+	if s.HandshakeTimeout > 0 {
+		return s.HandshakeTimeout
+	}
+	return defaultHandshakeTimeout
+}
+
+// connect checks host:port against the policy, resolves it, checks every
+// address and dials the first checked address that answers. Refusals are
+// *refusedError (and reported), resolution failures *resolveError.
+func (s *Server) connect(ctx context.Context, proto, host string, port int) (net.Conn, error) {
+	if d := s.Policy.CheckName(host, port); !d.Allow {
+		return nil, s.refuse(proto, host, port, "", d.Reason)
+	}
+	addrs, err := s.resolve(ctx, host)
+	if err != nil {
+		s.logf("proxy: %s %s: %v", proto, hostPort(host, port), err)
+		return nil, err
+	}
+	// Every address must pass: a name that resolves partly into a refused
+	// range is refused as a whole.
+	for _, ip := range addrs {
+		if d := s.Policy.CheckAddr(host, ip, port); !d.Allow {
+			return nil, s.refuse(proto, host, port, ip.String(), d.Reason)
+		}
+	}
+	var firstErr error
+	for _, ip := range addrs {
+		c, err := s.dialAddr(ctx, netip.AddrPortFrom(ip.Unmap(), uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	s.logf("proxy: %s %s: %v", proto, hostPort(host, port), firstErr)
+	return nil, firstErr
+}
+
+// resolve returns the addresses of host; an IP literal is returned as is,
+// without DNS.
+func (s *Server) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	if ip, err := netip.ParseAddr(trimBrackets(host)); err == nil {
+		return []netip.Addr{ip}, nil
+	}
+	var r interface {
+		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+	} = net.DefaultResolver
+	if s.Resolver != nil {
+		r = s.Resolver
+	}
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	addrs, err := r.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, &resolveError{host: host, err: err}
+	}
+	if len(addrs) == 0 {
+		return nil, &resolveError{host: host, err: errors.New("no addresses")}
+	}
+	return addrs, nil
+}
+
+func (s *Server) dialAddr(ctx context.Context, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if s.Dial != nil {
+		return s.Dial(ctx, "tcp", addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+func (s *Server) refuse(proto, host string, port int, addr, reason string) error {
+	v := Violation{Time: time.Now(), Protocol: proto, Host: host, Port: port, Addr: addr, Reason: reason}
+	s.logf("proxy: refused %s %s: %s", proto, hostPort(host, port), reason)
+	if s.OnViolation != nil {
+		s.OnViolation(v)
+	}
+	return &refusedError{v: v}
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.Logf != nil {
+		s.Logf(format, args...)
+	}
+}
+
+// hostPort formats a client-supplied destination for logs, quoting the host
+// so control characters cannot forge log lines.
+func hostPort(host string, port int) string {
+	return strconv.Quote(host) + ":" + strconv.Itoa(port)
+}
+
+func trimBrackets(host string) string {
+	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		return host[1 : len(host)-1]
+	}
+	return host
+}
+
+// parsePort parses a destination port, 1 to 65535.
+func parsePort(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 65535 || s[0] == '+' {
+		return 0, fmt.Errorf("invalid port %q", s)
+	}
+	return n, nil
+}
+
+// tunnel copies bytes both ways between the client and upstream until both
+// directions end. An EOF in one direction is passed on as a half-close
+// (CloseWrite), so the other direction keeps flowing; an error ends both.
+// Bytes the client sent early and that sit in br are sent first.
+func tunnel(client *clientConn, upstream net.Conn) {
+	client.lr.N = 1<<63 - 1
+	client.SetDeadline(time.Time{})
+	done := make(chan error, 2)
+	go func() {
+		var err error
+		if n := client.br.Buffered(); n > 0 {
+			b, _ := client.br.Peek(n)
+			_, err = upstream.Write(b)
+		}
+		if err == nil {
+			_, err = io.Copy(upstream, client.Conn)
+		}
+		closeWrite(upstream)
+		done <- err
+	}()
+	go func() {
+		_, err := io.Copy(client.Conn, upstream)
+		closeWrite(client.Conn)
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		client.Close()
+		upstream.Close()
+	}
+	<-done
+}
+
+// closeWrite half-closes c, or closes it when it cannot half-close.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}

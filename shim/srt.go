@@ -1,0 +1,355 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/netpolicy"
+	"github.com/agentconnect-md/agentconnect/proxy"
+	"github.com/agentconnect-md/agentconnect/sandbox"
+	"github.com/agentconnect-md/agentconnect/seccomp"
+	"github.com/agentconnect-md/agentconnect/session"
+)
+
+// sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.
+const sandboxReadyTimeout = 20 * time.Second
+
+// srtRun is the shim's side of one srt sandbox: the files bwrap and
+// sandbox-exec get, and what they report back.
+type srtRun struct {
+	boundary *sandbox.Boundary
+	// childFiles go to the launcher at fds 5, 6, ... (see package sandbox).
+	childFiles []*os.File
+	setupW     *os.File // bwrap's stderr
+	setupR     *os.File
+	statusR    *os.File
+	listenersR *os.File
+	execErrR   *os.File
+	proxy      *proxy.Server
+	violations *violationLog
+
+	mu        sync.Mutex // guards the fields below
+	listeners []net.Listener
+	setupErr  strings.Builder
+}
+
+// prepareSRT builds the boundary and the pipes for a run; stderr is the
+// runtime's stderr (fd 6 in the sandbox).
+func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
+	spec := s.rec.Spec
+	sb := spec.Sandbox
+	r := &srtRun{}
+	var opened []*os.File
+	defer func() {
+		if retErr != nil {
+			for _, f := range opened {
+				f.Close()
+			}
+			if r.boundary != nil {
+				r.boundary.Close()
+			}
+		}
+	}()
+	pair := func() (*os.File, *os.File, error) {
+		rd, wr, err := os.Pipe()
+		if err == nil {
+			opened = append(opened, rd, wr)
+		}
+		return rd, wr, err
+	}
+	var statusW, execErrW, seccompR, seccompW *os.File
+	var err error
+	if r.setupR, r.setupW, err = pair(); err != nil {
+		return nil, err
+	}
+	if r.statusR, statusW, err = pair(); err != nil {
+		return nil, err
+	}
+	if r.execErrR, execErrW, err = pair(); err != nil {
+		return nil, err
+	}
+	if seccompR, seccompW, err = pair(); err != nil {
+		return nil, err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	r.listenersR = os.NewFile(uintptr(fds[0]), "listeners")
+	listenersW := os.NewFile(uintptr(fds[1]), "listeners-sandbox")
+	opened = append(opened, r.listenersR, listenersW)
+
+	// The seccomp program, for bwrap to read and apply (fail closed: a
+	// program that does not load stops bwrap, and the run).
+	prog, err := seccomp.Program(seccomp.Options{NestedSandbox: sb.NestedSandbox})
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	buf := make([]byte, 0, 8*len(prog))
+	for _, ins := range prog {
+		buf = binary.LittleEndian.AppendUint16(buf, ins.Code)
+		buf = append(buf, ins.Jt, ins.Jf)
+		buf = binary.LittleEndian.AppendUint32(buf, ins.K)
+	}
+	if _, err := seccompW.Write(buf); err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	seccompW.Close()
+
+	policy, err := netpolicy.New(sb.AllowedDomains, sb.DeniedDomains)
+	if err != nil {
+		return nil, fmt.Errorf("network policy: %w", err)
+	}
+	exe, err := os.OpenFile("/proc/self/exe", unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer exe.Close()
+	mounts := make([]sandbox.Mount, len(sb.Mounts))
+	for i, m := range sb.Mounts {
+		mounts[i] = sandbox.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly}
+	}
+	r.boundary, err = sandbox.Build(sandbox.Config{
+		DaemonHome: sb.DaemonHome, Hidden: sb.Hidden, AgentDir: sb.AgentDir,
+		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
+		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
+		NestedSandbox: sb.NestedSandbox, Command: spec.Command, EmptyFile: s.emptyFile(),
+	}, exe, true)
+	if err != nil {
+		return nil, err
+	}
+	r.violations, err = openViolationLog(s.dir.ViolationsPath())
+	if err != nil {
+		return nil, err
+	}
+	r.proxy = &proxy.Server{
+		Policy:   policy,
+		Resolver: resolver(sb.Resolver),
+		OnViolation: func(v proxy.Violation) {
+			r.violations.add(v)
+			s.log.WithField("host", v.Host).Warnf("network refused: %s", v.Reason)
+		},
+		Logf: s.log.Debugf,
+	}
+	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR}, r.boundary.Files...)
+	return r, nil
+}
+
+// emptyFile is an empty read-only file in the session directory, for the
+// sandbox's file placeholders.
+func (s *service) emptyFile() string {
+	p := filepath.Join(string(s.dir), "empty")
+	if f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o444); err == nil {
+		f.Close()
+	}
+	return p
+}
+
+// resolver is the DNS the proxy asks: a given server, or the system's.
+func resolver(server string) *net.Resolver {
+	if server == "" {
+		return net.DefaultResolver
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, server)
+	}}
+}
+
+// argv is the launcher's command: bwrap with the boundary.
+func (r *srtRun) argv() ([]string, error) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		return nil, fmt.Errorf("sandbox setup: bwrap is not installed: %w", err)
+	}
+	return append([]string{"agentconnect-shim", "init", "--", bwrap}, r.boundary.Args...), nil
+}
+
+// closeChildEnds closes the shim's copies of what the sandbox got.
+func (r *srtRun) closeChildEnds() {
+	r.setupW.Close()
+	for _, f := range r.childFiles {
+		f.Close()
+	}
+}
+
+// started follows the sandbox once bwrap runs: it collects bwrap's own
+// messages, takes the proxy listeners sandbox-exec hands over and serves
+// them, and returns the pids of the sandbox's init (bwrap's reaper) and of
+// the runtime once bwrap reports the sandbox, or zeros when bwrap ended
+// before that.
+func (r *srtRun) started() (nsInit, runtimePID int) {
+	go func() {
+		sc := bufio.NewScanner(io.LimitReader(r.setupR, 64<<10))
+		for sc.Scan() {
+			r.mu.Lock()
+			if r.setupErr.Len() < 4096 {
+				r.setupErr.WriteString(strings.TrimSpace(sc.Text()) + "\n")
+			}
+			r.mu.Unlock()
+		}
+	}()
+	go r.serveListeners()
+	pid := make(chan int, 1)
+	go func() {
+		dec := json.NewDecoder(r.statusR)
+		for {
+			var st struct {
+				ChildPID int `json:"child-pid"`
+			}
+			if err := dec.Decode(&st); err != nil {
+				pid <- 0
+				return
+			}
+			if st.ChildPID > 0 {
+				pid <- st.ChildPID
+				io.Copy(io.Discard, r.statusR)
+				return
+			}
+		}
+	}()
+	select {
+	case nsInit = <-pid:
+		if nsInit == 0 {
+			return 0, 0
+		}
+		return nsInit, runtimeOf(nsInit)
+	case <-time.After(sandboxReadyTimeout):
+		return 0, 0
+	}
+}
+
+// runtimeOf finds the runtime: the one child of the sandbox's pid 1 (bwrap's
+// reaper), which execs sandbox-exec and then the runtime, keeping its pid.
+func runtimeOf(nsInit int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", nsInit, nsInit))
+		if err != nil {
+			return nsInit
+		}
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			if pid, err := strconv.Atoi(f[0]); err == nil {
+				return pid
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nsInit
+}
+
+// serveListeners receives the listening sockets made inside the sandbox and
+// serves the policy proxy on them.
+func (r *srtRun) serveListeners() {
+	buf := make([]byte, 1024)
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	n, oobn, _, _, err := unix.Recvmsg(int(r.listenersR.Fd()), buf, oob, 0)
+	r.listenersR.Close()
+	if err != nil || n == 0 {
+		return // the sandbox ended first; its exit says why
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) == 0 {
+		return
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil {
+		return
+	}
+	for _, fd := range fds {
+		f := os.NewFile(uintptr(fd), "proxy-listener")
+		l, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			continue
+		}
+		r.mu.Lock()
+		r.listeners = append(r.listeners, l)
+		r.mu.Unlock()
+		go r.proxy.Serve(l)
+	}
+}
+
+// exit interprets the launcher's exit: what sandbox-exec reported, a
+// sandbox bwrap could not set up, or the runtime's own exit.
+func (r *srtRun) exit(code int, runtimePID int) (int, string, bool) {
+	msg, _ := io.ReadAll(io.LimitReader(r.execErrR, 4096))
+	r.execErrR.Close()
+	if len(msg) > 0 {
+		c, text, _ := strings.Cut(string(msg), " ")
+		if n, err := strconv.Atoi(c); err == nil {
+			return n, text, true
+		}
+	}
+	if runtimePID == 0 {
+		r.mu.Lock()
+		setup := strings.TrimSpace(r.setupErr.String())
+		r.mu.Unlock()
+		if setup == "" {
+			setup = fmt.Sprintf("bwrap exited with status %d before the sandbox started", code)
+		}
+		return -1, "sandbox setup: " + strings.ReplaceAll(setup, "\n", "; "), true
+	}
+	return 0, "", false
+}
+
+// stop closes the proxy listeners, removes the placeholders the sandbox
+// made, and closes what is left open.
+func (r *srtRun) stop() {
+	r.mu.Lock()
+	for _, l := range r.listeners {
+		l.Close()
+	}
+	r.mu.Unlock()
+	r.boundary.RemovePlaceholders()
+	r.setupR.Close()
+	r.statusR.Close()
+	r.violations.close()
+}
+
+// violationLog appends refused connections to violations.jsonl, for the
+// supervisor to report.
+type violationLog struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func openViolationLog(path string) (*violationLog, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open violation log: %w", err)
+	}
+	return &violationLog{f: f}, nil
+}
+
+func (l *violationLog) add(v proxy.Violation) {
+	line, err := json.Marshal(session.Violation{
+		Time: v.Time, Protocol: v.Protocol, Host: v.Host, Port: v.Port, Addr: v.Addr, Reason: v.Reason,
+	})
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.f.Write(append(line, '\n'))
+}
+
+func (l *violationLog) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.f.Close()
+}
