@@ -24,6 +24,9 @@ type builder struct {
 	files        []*os.File
 	placeholders []string
 	emptyFile    string
+	// readOnlyLater are tmpfs directories made for new mount points, made
+	// read-only once the mounts are in.
+	readOnlyLater []string
 }
 
 func (b *builder) add(args ...string) { b.args = append(b.args, args...) }
@@ -86,6 +89,9 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 		}
 	}
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
+	for _, d := range b.readOnlyLater {
+		b.add("--remount-ro", d)
+	}
 	// The root itself was a writable tmpfs while the view was built.
 	b.add("--remount-ro", "/", "--chdir", cfg.Workspace, "--", ShimPath, "sandbox-exec")
 	for _, l := range []int{HTTPProxyPort, SOCKSProxyPort} {
@@ -197,7 +203,7 @@ func (b *builder) makeRoom(target string, cfg Config) error {
 		}
 		b.add("--ro-bind", p, p)
 	}
-	b.add("--remount-ro", parent)
+	b.readOnlyLater = append(b.readOnlyLater, parent)
 	return nil
 }
 

@@ -199,7 +199,7 @@ func (s *service) launch() (pid int, retErr error) {
 		ws := <-exitStatus
 		code, reason := exitCode(ws, string(execErr))
 		if srt != nil {
-			if c, r, ok := srt.exit(code, pid); ok {
+			if c, r, ok := srt.exit(code); ok {
 				code, reason = c, r
 			}
 		}

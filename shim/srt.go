@@ -45,6 +45,7 @@ type srtRun struct {
 	mu        sync.Mutex // guards the fields below
 	listeners []net.Listener
 	setupErr  strings.Builder
+	ready     bool // sandbox-exec ran: bwrap built the sandbox
 }
 
 // prepareSRT builds the boundary and the pipes for a run; stderr is the
@@ -188,10 +189,11 @@ func (r *srtRun) closeChildEnds() {
 }
 
 // started follows the sandbox once bwrap runs: it collects bwrap's own
-// messages, takes the proxy listeners sandbox-exec hands over and serves
-// them, and returns the pids of the sandbox's init (bwrap's reaper) and of
-// the runtime once bwrap reports the sandbox, or zeros when bwrap ended
-// before that.
+// messages and waits for sandbox-exec to hand over the proxy listeners,
+// which it then serves. sandbox-exec running is the sign that bwrap built
+// the sandbox (bwrap reports its pid before it sets up the mounts). It
+// returns the pids of the sandbox's init (bwrap's reaper) and of the
+// runtime, or zeros when the sandbox did not come up.
 func (r *srtRun) started() (nsInit, runtimePID int) {
 	go func() {
 		sc := bufio.NewScanner(io.LimitReader(r.setupR, 64<<10))
@@ -203,7 +205,6 @@ func (r *srtRun) started() (nsInit, runtimePID int) {
 			r.mu.Unlock()
 		}
 	}()
-	go r.serveListeners()
 	pid := make(chan int, 1)
 	go func() {
 		dec := json.NewDecoder(r.statusR)
@@ -222,15 +223,27 @@ func (r *srtRun) started() (nsInit, runtimePID int) {
 			}
 		}
 	}()
+	handed := make(chan bool, 1)
+	go func() { handed <- r.receiveListeners() }()
 	select {
-	case nsInit = <-pid:
-		if nsInit == 0 {
+	case ok := <-handed:
+		if !ok {
 			return 0, 0
 		}
-		return nsInit, runtimeOf(nsInit)
 	case <-time.After(sandboxReadyTimeout):
 		return 0, 0
 	}
+	r.mu.Lock()
+	r.ready = true
+	r.mu.Unlock()
+	select {
+	case nsInit = <-pid:
+	case <-time.After(sandboxReadyTimeout):
+	}
+	if nsInit == 0 {
+		return 0, 0
+	}
+	return nsInit, runtimeOf(nsInit)
 }
 
 // runtimeOf finds the runtime: the one child of the sandbox's pid 1 (bwrap's
@@ -252,23 +265,24 @@ func runtimeOf(nsInit int) int {
 	return nsInit
 }
 
-// serveListeners receives the listening sockets made inside the sandbox and
-// serves the policy proxy on them.
-func (r *srtRun) serveListeners() {
+// receiveListeners takes the listening sockets sandbox-exec made inside
+// the sandbox and serves the policy proxy on them. It reports false when
+// the sandbox ended before handing them over.
+func (r *srtRun) receiveListeners() bool {
 	buf := make([]byte, 1024)
 	oob := make([]byte, unix.CmsgSpace(4*8))
 	n, oobn, _, _, err := unix.Recvmsg(int(r.listenersR.Fd()), buf, oob, 0)
 	r.listenersR.Close()
 	if err != nil || n == 0 {
-		return // the sandbox ended first; its exit says why
+		return false
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(msgs) == 0 {
-		return
+		return false
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
 	if err != nil {
-		return
+		return false
 	}
 	for _, fd := range fds {
 		f := os.NewFile(uintptr(fd), "proxy-listener")
@@ -282,11 +296,12 @@ func (r *srtRun) serveListeners() {
 		r.mu.Unlock()
 		go r.proxy.Serve(l)
 	}
+	return true
 }
 
 // exit interprets the launcher's exit: what sandbox-exec reported, a
 // sandbox bwrap could not set up, or the runtime's own exit.
-func (r *srtRun) exit(code int, runtimePID int) (int, string, bool) {
+func (r *srtRun) exit(code int) (int, string, bool) {
 	msg, _ := io.ReadAll(io.LimitReader(r.execErrR, 4096))
 	r.execErrR.Close()
 	if len(msg) > 0 {
@@ -295,10 +310,11 @@ func (r *srtRun) exit(code int, runtimePID int) (int, string, bool) {
 			return n, text, true
 		}
 	}
-	if runtimePID == 0 {
-		r.mu.Lock()
-		setup := strings.TrimSpace(r.setupErr.String())
-		r.mu.Unlock()
+	r.mu.Lock()
+	ready := r.ready
+	setup := strings.TrimSpace(r.setupErr.String())
+	r.mu.Unlock()
+	if !ready {
 		if setup == "" {
 			setup = fmt.Sprintf("bwrap exited with status %d before the sandbox started", code)
 		}
