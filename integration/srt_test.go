@@ -108,7 +108,7 @@ echo done
 // workspace, a file in the host's /tmp and a loopback server on the host.
 type batteryEnv struct {
 	home, ws, hostTmp, otherWS string
-	loopbackPort              int
+	loopbackPort               int
 }
 
 func setupBattery(t *testing.T, home string, uid int, strategy, script string) batteryEnv {
