@@ -47,26 +47,44 @@ for s in srt microsandbox; do
 done
 say "The strongest strategy here: $best"
 
+# A server on the host's loopback: the sandbox reaches it only through its
+# policy proxy, and only because the agent's allowlist names it.
+python3 -m http.server 0 --bind 127.0.0.1 --directory "$home" >"$home/http.log" 2>&1 &
+web=$!
+port=""
+for _ in $(seq 100); do
+	port=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$home/http.log" | head -1)
+	[ -n "$port" ] && break
+	sleep 0.05
+done
+
 # What the session tries, each line "allowed" or "denied".
-cat >"$home/probe.sh" <<'PROBE'
+probe='
 try() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "  allowed: $what"; else echo "  denied:  $what"; fi; }
 echo "runtime: uid $(id -u), pid $$, cwd $PWD"
 echo "HOME=$HOME"
-echo "TMPDIR=$TMPDIR"
-try "write in the workspace" sh -c 'echo hi > demo.txt'
-try "write in its private home" sh -c 'echo hi > "$HOME/demo.txt"'
-try "read the daemon home ($AGENTCONNECT_DEMO_HOME)" ls "$AGENTCONNECT_DEMO_HOME/sessions"
-try "read /root" ls /root
-try "write to /etc" sh -c 'echo x > /etc/agentconnect-demo'
-try "see the daemon's secret in its environment" sh -c 'env | grep -q DEMO_DAEMON_SECRET'
-echo "cgroup: $(grep -E ':pids:|^0::' /proc/self/cgroup | head -1)"
-try "fork 100 processes (the agent's pids limit is 64)" sh -c 'for i in $(seq 100); do sleep 1 & done; wait'
+try "write in the workspace" sh -c "echo hi > demo.txt"
+try "write in its private home" sh -c "echo hi > \"\$HOME/demo.txt\""
+try "read the daemon home ($DEMO_HOME)" ls "$DEMO_HOME/sessions"
+try "read /root" sh -c "ls -A /root | grep -q ."
+try "write to /etc" sh -c "echo x > /etc/agentconnect-demo"
+try "see the daemon'"'"'s secret in its environment" sh -c "env | grep -q DEMO_DAEMON_SECRET"
+try "plant a git hook in .git/hooks" sh -c "echo x > .git/hooks/pre-commit"
+try "create a unix socket" python3 -c "import socket; socket.socket(socket.AF_UNIX)"
+try "resolve a name (DNS)" getent hosts example.com
+try "reach the host loopback directly" python3 -c "import socket; socket.create_connection((\"127.0.0.1\", $DEMO_PORT), 2)"
+try "reach it through the proxy (allowlisted)" curl -sf --noproxy "" -x "$HTTP_PROXY" "http://127.0.0.1:$DEMO_PORT/"
+try "reach another loopback port through the proxy" curl -sf --noproxy "" -x "$HTTP_PROXY" "http://127.0.0.1:1/"
+echo "cgroup: $(grep -E ":pids:|^0::" /proc/self/cgroup | head -1)"
+try "fork 100 processes (the agent'"'"'s pids limit is 64)" sh -c "for i in \$(seq 100); do sleep 1 & done; wait"
 wait
-PROBE
-
-"$ac" agent create demo --strategy "$best" --env AGENTCONNECT_DEMO_HOME="$home" --pids 64 -- sh "$home/probe.sh" >/dev/null
+'
+"$ac" agent create demo --strategy "$best" --env DEMO_HOME="$home" --env DEMO_PORT="$port" \
+	--allow-domain "127.0.0.1:$port" --pids 64 -- sh -c "$probe" >/dev/null
+git init -q "$("$ac" agent show demo --json | sed -n 's/.*"dir": "\(.*\)".*/\1/p')/workspace"
 say "A session of agent 'demo' ($best): what the boundary allows and denies"
 "$ac" exec demo
+kill "$web" 2>/dev/null || true
 
 say "Sessions outlive the supervisor: start one, SIGKILL the daemon, start it again"
 "$ac" agent create ticker --strategy "$best" -- sh -c 'i=0; while :; do i=$((i+1)); echo "tick $i"; sleep 0.2; done' >/dev/null
