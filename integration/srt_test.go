@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/procstat"
 )
 
 func requireBwrap(t testing.TB) {
@@ -88,6 +90,8 @@ deny loopback-direct py 'socket.create_connection(("127.0.0.1", int(os.environ["
 deny loopback-via-proxy curl -sf --max-time 5 --noproxy '' -x "$HTTP_PROXY" "http://127.0.0.1:$T_LOOPBACK_PORT/"
 deny dns getent hosts example.com
 deny dns-python py 'socket.getaddrinfo("example.com", 80)'
+deny read-agent-json cat "$(dirname "$HOME")/agent.json"
+deny unexpected-env sh -c 'env | cut -d= -f1 | grep -vqE "^(HOME|TMPDIR|PATH|LANG|TERM|PWD|OLDPWD|SHLVL|_|(HTTPS?|ALL|NO)_PROXY|(https?|all|no)_proxy|T_[A-Z_]+)$"'
 deny daemon-secret-env sh -c 'cat /proc/*/environ 2>/dev/null | tr "\0" "\n" | grep -q "$T_SECRET_A$T_SECRET_B"'
 
 allow write-workspace sh -c 'echo x > ws.txt'
@@ -208,6 +212,23 @@ func TestSRTEscapeBatteryAsRoot(t *testing.T) {
 	t.Setenv("AGENTCONNECT_TEST_SECRET", daemonSecret)
 	startDaemon(t, home)
 	setupBattery(t, home, 0, "srt", battery).run(t)
+	checkGracefulStop(t, home)
+}
+
+// checkGracefulStop: session stop's SIGTERM reaches the runtime inside the
+// sandbox (not bwrap, which would die of it and take the runtime along).
+func checkGracefulStop(t *testing.T, home string) {
+	t.Helper()
+	ok(t, home, "agent", "create", "graceful", "--strategy", "srt", "--", "sh", "-c",
+		`trap "echo got TERM; exit 7" TERM; echo ready; while :; do sleep 0.1; done`)
+	id := strings.TrimSpace(ok(t, home, "session", "start", "graceful"))
+	eventually(t, 10*time.Second, "the runtime is ready", func() bool {
+		return strings.Contains(ok(t, home, "session", "logs", id), "ready")
+	})
+	ok(t, home, "session", "stop", id)
+	if s := show(t, home, id); s.ExitCode != 7 || !strings.Contains(ok(t, home, "session", "logs", id), "got TERM") {
+		t.Errorf("stopped session: exit %d, want 7 from the runtime's TERM handler", s.ExitCode)
+	}
 }
 
 func TestSRTEscapeBatteryUnprivileged(t *testing.T) {
@@ -219,6 +240,7 @@ func TestSRTEscapeBatteryUnprivileged(t *testing.T) {
 	d.start()
 	t.Cleanup(d.cleanup)
 	setupBattery(t, home, nobody, "srt", battery).run(t)
+	checkGracefulStop(t, home)
 }
 
 // nobodyHome makes a daemon home owned by the unprivileged user nobody.
@@ -328,6 +350,52 @@ func readSessionLog(t *testing.T, home, id string) (string, string) {
 		t.Fatalf("session logs: %+v", r)
 	}
 	return r.stdout, r.stderr
+}
+
+func TestSRTShimDeathTakesTheSandbox(t *testing.T) {
+	requireBwrap(t)
+	home := newHome(t)
+	startDaemon(t, home)
+	ok(t, home, "agent", "create", "sleeper", "--strategy", "srt", "--", "sh", "-c", "sleep 600 & sleep 600")
+	id := strings.TrimSpace(ok(t, home, "session", "start", "sleeper"))
+	s := show(t, home, id)
+	st, err := procstat.Read(s.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox's processes share the group of bwrap's init inside it.
+	eventually(t, 5*time.Second, "the background sleep starts", func() bool { return len(procstat.Group(st.PGID)) >= 3 })
+	nsInit, err := procstat.Read(st.PGID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcher := nsInit.PPID // the outer bwrap, the shim's child
+	syscall.Kill(s.ShimPID, syscall.SIGKILL)
+	eventually(t, 2*time.Second, "the session becomes lost", func() bool { return show(t, home, id).State == "lost" })
+	eventually(t, 5*time.Second, "nothing of the sandbox is left", func() bool {
+		return len(procstat.Group(st.PGID)) == 0 && !procstat.Alive(launcher, 0) && !procstat.Alive(nsInit.PID, 0)
+	})
+}
+
+// TestSRTPlantedSymlinkIsNotFollowed: an agent directory replaced by a
+// symlink (by an earlier session, say) stops the start instead of being
+// followed out of the agent directory.
+func TestSRTPlantedSymlinkIsNotFollowed(t *testing.T) {
+	requireBwrap(t)
+	home := newHome(t)
+	startDaemon(t, home)
+	ok(t, home, "agent", "create", "planted", "--strategy", "srt", "--", "true")
+	memory := filepath.Join(agentDir(t, home, "planted"), "memory")
+	os.Remove(memory)
+	if err := os.Symlink("/etc", memory); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, home, "", "exec", "--keep", "planted")
+	var sessions []session
+	okJSON(t, home, &sessions, "session", "ls")
+	if r.code != 125 || len(sessions) != 1 || !strings.Contains(sessions[0].Reason, "symlink") {
+		t.Errorf("a session with a planted symlink: exit %d, %+v; want 125 and a reason naming the symlink", r.code, sessions)
+	}
 }
 
 func TestSRTSetupFailureIsReported(t *testing.T) {

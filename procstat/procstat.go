@@ -81,3 +81,22 @@ func StartTime(pid int) (uint64, error) {
 	}
 	return st.StartTime, nil
 }
+
+// Group lists the live processes of process group pgid.
+func Group(pgid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := Read(pid); err == nil && st.PGID == pgid && !st.Dead() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

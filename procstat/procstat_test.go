@@ -65,3 +65,23 @@ func TestZombieIsDead(t *testing.T) {
 		t.Error("reaped child is alive")
 	}
 }
+
+func TestGroup(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 5 & sleep 5")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(Group(cmd.Process.Pid)) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Group = %v, want the shell and its two sleeps", Group(cmd.Process.Pid))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if g := Group(os.Getpid()); len(g) == 0 {
+		// This process leads no group of its own under go test; nothing to check.
+		t.Logf("test process group: %v", g)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/errdefs"
 	"github.com/agentconnect-md/agentconnect/outputlog"
+	"github.com/agentconnect-md/agentconnect/procstat"
 	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/version"
 )
@@ -140,8 +141,9 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 }
 
 // signalAll signals every process of the session: the runtime's process
-// group and whatever else is in its cgroup. It reports whether a run was
-// there to signal.
+// group and whatever else is in its cgroup. A graceful signal spares the
+// launcher and an srt sandbox's init: bwrap dies of it without passing it
+// on, taking the sandbox down at once. It reports whether a run was there.
 func (s *service) signalAll(sig syscall.Signal) bool {
 	s.mu.Lock()
 	pid, launcher, nsInit := s.pid, s.launcher, s.sandboxInit
@@ -150,12 +152,21 @@ func (s *service) signalAll(sig syscall.Signal) bool {
 	if !running || pid <= 1 {
 		return false
 	}
-	killGroup(pid, sig)
+	targets := map[int]bool{}
+	if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {
+		for _, p := range procstat.Group(st.PGID) {
+			targets[p] = true
+		}
+	}
 	if pids, err := s.cg.Procs(); err == nil {
 		for _, p := range pids {
-			if sig == syscall.SIGKILL || (p != launcher && p != nsInit) {
-				syscall.Kill(p, sig)
-			}
+			targets[p] = true
+		}
+	}
+	targets[pid] = true
+	for p := range targets {
+		if sig == syscall.SIGKILL || (p != launcher && p != nsInit) {
+			syscall.Kill(p, sig)
 		}
 	}
 	if sig == syscall.SIGKILL && launcher != pid {
