@@ -404,6 +404,14 @@ func TestSRTSetupFailureIsReported(t *testing.T) {
 	startDaemon(t, home)
 	src := t.TempDir()
 	ok(t, home, "agent", "create", "broken", "--strategy", "srt", "--mount", src+":/mnt/data", "--", "true")
+	ok(t, home, "agent", "create", "missing", "--strategy", "srt", "--", "no-such-runtime-anywhere")
+	if r := run(t, home, "", "exec", "missing"); r.code != 127 || !strings.Contains(r.stderr, "no-such-runtime-anywhere") {
+		t.Errorf("exec of a missing command in srt: exit %d, stderr %q; want 127 naming it", r.code, r.stderr)
+	}
+	ok(t, home, "agent", "create", "notexec", "--strategy", "srt", "--", "/etc/hostname")
+	if r := run(t, home, "", "exec", "notexec"); r.code != 126 {
+		t.Errorf("exec of a file that is not executable in srt: exit %d, want 126", r.code)
+	}
 	os.RemoveAll(src) // gone since the agent was saved
 	r := run(t, home, "", "exec", "--keep", "broken")
 	if r.code != 125 {
