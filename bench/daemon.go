@@ -42,6 +42,13 @@ type daemon struct {
 	done chan struct{} // closed when cmd has been waited for
 	// ready: the daemon answered once, so there may be sessions to clean up.
 	ready bool
+
+	// srtUnavailable says why the srt measurements cannot run, or is "".
+	srtUnavailable string
+	// srtAgentDir is the srt agent's directory, srtBaseline what it held
+	// before its first session.
+	srtAgentDir string
+	srtBaseline map[string]string
 }
 
 func (d *daemon) path(name string) string { return filepath.Join(d.bin, name) }
@@ -255,16 +262,22 @@ func (d *daemon) createAgent(ctx context.Context) error {
 // startSessions starts n sessions of the bench agent running command, with
 // a few in flight at once, and returns them.
 func startSessions(ctx context.Context, a *admin, n int, command []string) ([]*adminv1.Session, error) {
+	return startAgentSessions(ctx, a, benchAgent, n, command, 4)
+}
+
+// startAgentSessions starts n sessions of agent running command, width at
+// once, and returns those that started.
+func startAgentSessions(ctx context.Context, a *admin, agent string, n int, command []string, width int) ([]*adminv1.Session, error) {
 	out := make([]*adminv1.Session, n)
 	jobs := make(chan int)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
+	for w := 0; w < width; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: benchAgent, Command: command})
+				s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: agent, Command: command})
 				if err != nil {
 					errs <- fmt.Errorf("start session %d of %d: %w", i+1, n, err)
 					continue

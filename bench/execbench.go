@@ -25,7 +25,7 @@ func benchExec(ctx context.Context, d *daemon, c counts, rep *report) error {
 		return err
 	}
 	defer a.Close()
-	viaAPI := func() error { return startWaitRemove(ctx, a, []string{"/bin/true"}) }
+	viaAPI := func() error { return startWaitRemove(ctx, a, benchAgent, []string{"/bin/true"}) }
 
 	var bareT, execT, statusT, apiT samples
 	for _, t := range []struct {
@@ -56,10 +56,10 @@ func benchExec(ctx context.Context, d *daemon, c counts, rep *report) error {
 	return nil
 }
 
-// startWaitRemove runs command in a session through the admin API, waits for
-// its end and removes it.
-func startWaitRemove(ctx context.Context, a *admin, command []string) error {
-	s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: benchAgent, Command: command})
+// startWaitRemove runs command in a session of agent through the admin API,
+// waits for its end and removes it.
+func startWaitRemove(ctx context.Context, a *admin, agent string, command []string) error {
+	s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: agent, Command: command})
 	if err != nil {
 		return fmt.Errorf("start session: %w", err)
 	}

@@ -1,9 +1,14 @@
 // Command bench measures agentconnect: session start latency, the memory of
-// an idle shim, supervisor restart with many live sessions, and the cost of
-// `agentconnect exec`. It prints a table of measured numbers next to their
-// goals and never fails on a threshold.
+// an idle shim, supervisor restart with many live sessions, the cost of
+// `agentconnect exec`, and the srt strategy: exec of true next to Anthropic's
+// sandbox-runtime (`srt true`) and a bare bwrap, the memory of an srt session,
+// and many srt sessions started, stopped and removed at once with nothing
+// left behind. It prints a table of measured numbers next to their goals and
+// never fails on a threshold (it exits 1 when a measurement fails, or when
+// sessions leave something behind).
 //
-//	AGENTCONNECT_BIN=$PWD/bin go run ./bench [-n N | -quick] [-json]
+//	./scripts/bench-deps.sh   # the reference srt, into bin/tools/sandbox-runtime
+//	AGENTCONNECT_BIN=$PWD/bin go run ./bench [-n N | -quick] [-json] [-srt PATH]
 //
 // It starts its own daemon in a temporary home, under a child subreaper
 // that reaps (the PID 1 of some machines does not, and shims are reparented
@@ -40,6 +45,7 @@ var (
 	flagQuick = flag.Bool("quick", false, "a quick run: the same as -n 10")
 	flagJSON  = flag.Bool("json", false, "also print the results as JSON")
 	flagLog   = flag.String("daemon-log", "", "keep a copy of the daemon's log in `FILE`")
+	flagSrt   = flag.String("srt", "", "`PATH` to the reference sandbox-runtime CLI (default: $AGENTCONNECT_BIN/tools/sandbox-runtime/node_modules/.bin/srt, where scripts/bench-deps.sh installs it)")
 )
 
 func main() {
@@ -64,6 +70,9 @@ type counts struct {
 	RestartSessions int `json:"restartSessions"` // live sessions during a supervisor restart
 	Restarts        int `json:"restarts"`        // supervisor restarts
 	Execs           int `json:"execs"`           // `agentconnect exec` runs (and bare fork+exec runs)
+	SrtExecs        int `json:"srtExecs"`        // rounds of srt-strategy exec, srt and bwrap runs
+	SrtSessions     int `json:"srtSessions"`     // idle srt sessions whose memory is read
+	SrtConcurrent   int `json:"srtConcurrent"`   // srt sessions started, stopped and removed at once
 }
 
 func scaled() counts {
@@ -81,6 +90,9 @@ func scaled() counts {
 		RestartSessions: div(200, 10),
 		Restarts:        div(3, 1),
 		Execs:           div(50, 5),
+		SrtExecs:        div(30, 5),
+		SrtSessions:     div(10, 2),
+		SrtConcurrent:   div(100, 10),
 	}
 }
 
@@ -133,10 +145,15 @@ func run() int {
 		{"idle shim memory", benchShimMemory},
 		{"supervisor restart", benchRestart},
 		{"exec", benchExec},
+		{"srt exec vs sandbox-runtime vs bwrap", benchSrtExec},
+		{"srt session memory", benchSrtMemory},
+		{"concurrent srt sessions", benchSrtConcurrent},
 	}
 	if err := d.createAgent(ctx); err != nil {
 		rep.Errors = append(rep.Errors, "create the bench agent: "+err.Error())
 		steps = nil
+	} else {
+		d.srtUnavailable = d.createSrtAgent(ctx)
 	}
 	for _, s := range steps {
 		if ctx.Err() != nil {
@@ -280,6 +297,8 @@ func formatValue(v float64, unit string) string {
 	switch {
 	case unit == "":
 		return ""
+	case unit == "x" && v < 1:
+		return fmt.Sprintf("%.3f x", v)
 	case unit == "x":
 		return fmt.Sprintf("%.1f x", v)
 	case v >= 100:
@@ -300,8 +319,9 @@ func (r *report) print(f *os.File) {
 	fmt.Fprintf(f, "agentconnect: %s (%s)\n", m.Agentconnect, m.SupervisorPath)
 	fmt.Fprintf(f, "shim binary:  %s MiB, %s\n", m.ShimBinaryMiB, m.ShimLinking)
 	fmt.Fprintf(f, "strategies:   %s\n", m.Strategies)
-	fmt.Fprintf(f, "counts:       %d starts, %d idle shims, %d sessions x %d restarts, %d execs (took %s)\n\n",
-		r.Counts.Starts, r.Counts.Shims, r.Counts.RestartSessions, r.Counts.Restarts, r.Counts.Execs, r.Took)
+	fmt.Fprintf(f, "counts:       %d starts, %d idle shims, %d sessions x %d restarts, %d execs; srt: %d exec rounds, %d idle sessions, %d concurrent (took %s)\n\n",
+		r.Counts.Starts, r.Counts.Shims, r.Counts.RestartSessions, r.Counts.Restarts, r.Counts.Execs,
+		r.Counts.SrtExecs, r.Counts.SrtSessions, r.Counts.SrtConcurrent, r.Took)
 
 	width := 0
 	for _, rw := range r.Rows {

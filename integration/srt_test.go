@@ -320,6 +320,31 @@ func TestSRTTwoSessionsAndAMountAtANewPath(t *testing.T) {
 	}
 }
 
+// TestSRTOverlappingSessionsKeepProtection: a session that ends does not
+// take away the protections of another session of the same agent, started
+// while it ran, that bound its placeholders read-only.
+func TestSRTOverlappingSessionsKeepProtection(t *testing.T) {
+	requireBwrap(t)
+	home := newHome(t)
+	startDaemon(t, home)
+	ok(t, home, "agent", "create", "one", "--strategy", "srt", "--", "true")
+	a := strings.TrimSpace(ok(t, home, "session", "start", "one", "--", "sleep", "1"))
+	time.Sleep(300 * time.Millisecond) // the first sandbox's placeholders exist
+	b := strings.TrimSpace(ok(t, home, "session", "start", "one", "--", "sh", "-c", `
+sleep 2
+try() { if sh -c "$1" 2>/dev/null; then echo "ESCAPED $2"; else echo "held $2"; fi; }
+try 'echo {} > .mcp.json' mcp
+try 'mkdir -p .vscode && echo x > .vscode/tasks.json' vscode
+try 'echo x >> "$HOME/.bashrc"' bashrc
+`))
+	ok(t, home, "session", "wait", a)
+	ok(t, home, "session", "wait", b)
+	out := ok(t, home, "session", "logs", b)
+	if strings.Contains(out, "ESCAPED") || strings.Count(out, "held") != 3 {
+		t.Errorf("the second session after the first ended:\n%s", out)
+	}
+}
+
 // TestSRTCgroupLimits: the session's cgroup limits apply inside the sandbox.
 func TestSRTCgroupLimits(t *testing.T) {
 	requireRoot(t)

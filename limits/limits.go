@@ -37,6 +37,8 @@ type Support struct {
 type Manager struct {
 	mode   cgroups.CGMode
 	parent string // below the daemon's own cgroup (v1), or a v2 group path
+	// parentDirs are the parent's directories, one per hierarchy.
+	parentDirs []string
 }
 
 const unifiedMount = "/sys/fs/cgroup"
@@ -90,11 +92,22 @@ func Setup(name string) (*Manager, Support) {
 		sup.Reason = fmt.Sprintf("cannot remove cgroups (%v)", err)
 		return nil, sup
 	}
+	for _, d := range cg.Dirs {
+		m.parentDirs = append(m.parentDirs, filepath.Dir(d))
+	}
 	sup.Available = true
 	return m, sup
 }
 
 var errBusy = errors.New("the daemon's cgroup holds processes")
+
+// Close removes the daemon's parent cgroup when no session cgroup is left
+// in it (a stopped daemon whose sessions go on keeps it).
+func (m *Manager) Close() {
+	for _, d := range m.parentDirs {
+		os.Remove(d) // fails while a session's cgroup is inside
+	}
+}
 
 // Create makes the cgroup of one session with its limits. A zero pids limit
 // becomes DefaultPids.

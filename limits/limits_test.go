@@ -72,9 +72,12 @@ func TestSessionCgroupLimits(t *testing.T) {
 		}
 	}
 	// The daemon's parent directory (agentconnect-test-PID) stays for the
-	// next session; remove it here.
+	// next session, until the daemon closes.
+	m.Close()
 	for _, d := range cg.Dirs {
-		os.Remove(filepath.Dir(d))
+		if _, err := os.Stat(filepath.Dir(d)); !os.IsNotExist(err) {
+			t.Errorf("%s still exists after Close", filepath.Dir(d))
+		}
 	}
 }
 

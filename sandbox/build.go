@@ -65,6 +65,18 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 			return nil, err
 		}
 	}
+	// Register before looking at the directories: from now on no other
+	// sandbox removes a placeholder this one may bind.
+	led, err := openLedger(cfg.Ledger)
+	if err != nil {
+		return nil, err
+	}
+	defer led.close()
+	ld, err := led.read()
+	if err != nil {
+		return nil, err
+	}
+	ld.Runs = append(ld.Runs, self())
 	writable, err := b.agentDirs(cfg)
 	if err != nil {
 		return nil, err
@@ -88,6 +100,10 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 			return nil, err
 		}
 	}
+	ld.Placeholders = append(ld.Placeholders, b.placeholders...)
+	if err := led.write(ld); err != nil {
+		return nil, err
+	}
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
 	for _, d := range b.readOnlyLater {
 		b.add("--remount-ro", d)
@@ -104,7 +120,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	}
 	b.add("--")
 	b.add(cfg.Command...)
-	return &Boundary{Args: b.args, Files: b.files, placeholders: b.placeholders}, nil
+	return &Boundary{Args: b.args, Files: b.files, ledger: cfg.Ledger}, nil
 }
 
 func dup(f *os.File) *os.File {

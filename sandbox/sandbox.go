@@ -67,16 +67,17 @@ type Config struct {
 	// protected file must not be created in the runtime's home (a device
 	// such as /dev/null cannot be opened on the sandbox's nodev mounts).
 	EmptyFile string
+	// Ledger is the daemon's record of running sandboxes and their
+	// placeholders (see ledger.go).
+	Ledger string
 }
 
 // Boundary is a built sandbox: bwrap's arguments (after "bwrap") and the
 // files it needs at fds firstBindFD and up.
 type Boundary struct {
-	Args  []string
-	Files []*os.File
-	// placeholders are paths the sandbox creates on the host as empty
-	// mount points for protected names that were absent.
-	placeholders []string
+	Args   []string
+	Files  []*os.File
+	ledger string
 }
 
 // Close releases the directory fds. The caller closes them once bwrap has
@@ -87,18 +88,9 @@ func (b *Boundary) Close() {
 	}
 }
 
-// RemovePlaceholders deletes the empty mount points the sandbox made for
-// absent protected names, once the sandbox is gone; a path that is no longer
-// empty is left alone.
-func (b *Boundary) RemovePlaceholders() {
-	for i := len(b.placeholders) - 1; i >= 0; i-- {
-		p := b.placeholders[i]
-		fi, err := os.Lstat(p)
-		if err != nil {
-			continue
-		}
-		if (fi.Mode().IsRegular() && fi.Size() == 0) || fi.IsDir() {
-			os.Remove(p) // fails, harmlessly, on a directory that is not empty
-		}
-	}
+// Release ends the sandbox's run, once it is gone: the empty mount points
+// made for absent protected names are removed when no other sandbox of the
+// daemon runs (one that started since may have bound them read-only).
+func (b *Boundary) Release() {
+	releaseRun(b.ledger)
 }

@@ -129,6 +129,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
 		NestedSandbox: sb.NestedSandbox, Command: spec.Command, EmptyFile: s.emptyFile(),
+		Ledger: filepath.Join(sb.DaemonHome, "run", "sandboxes.json"),
 	}, exe, true)
 	if err != nil {
 		return nil, err
@@ -331,7 +332,7 @@ func (r *srtRun) stop() {
 		l.Close()
 	}
 	r.mu.Unlock()
-	r.boundary.RemovePlaceholders()
+	r.boundary.Release()
 	r.setupR.Close()
 	r.statusR.Close()
 	r.violations.close()

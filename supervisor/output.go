@@ -29,7 +29,9 @@ func (s *Supervisor) attach(ctx context.Context, id string, offset int64, follow
 		if w, err = filewatch.Watch(path); err != nil {
 			return err
 		}
-		defer w.Close()
+		// Closing an inotify instance waits for an RCU grace period
+		// (10-20 ms here): not on the way of the stream's end.
+		defer func() { go w.Close() }()
 	}
 	f, err := os.Open(path)
 	if err != nil {

@@ -248,6 +248,9 @@ func (s *Supervisor) close() {
 		ss.detach()
 	}
 	s.mu.Unlock()
+	if s.cgroups != nil {
+		s.cgroups.Close()
+	}
 }
 
 // strategyResult returns the probe result of n.

@@ -50,7 +50,7 @@ func (s *Supervisor) followViolations(ss *sessionState, run uint32) {
 		s.sessionLog(ss).WithError(err).Warn("follow network violations")
 		return
 	}
-	defer w.Close()
+	defer func() { go w.Close() }() // see attach
 	f, err := os.Open(path)
 	if err != nil {
 		return
