@@ -16,7 +16,7 @@ func TestLedgerKeepsPlaceholdersWhileAnotherSandboxRuns(t *testing.T) {
 	os.Mkdir(placeholder, 0o755)
 	parentStart, _ := procstat.StartTime(os.Getppid())
 	other := ledgerRun{PID: os.Getppid(), StartTime: parentStart} // alive: stands for another sandbox
-	dead := ledgerRun{PID: 1 << 22, StartTime: 1}                   // no such process
+	dead := ledgerRun{PID: 1 << 22, StartTime: 1}                 // no such process
 
 	l, err := openLedger(path)
 	if err != nil {
