@@ -24,6 +24,7 @@ type builder struct {
 	files        []*os.File
 	placeholders []string
 	emptyFile    string
+	emptyDir     string
 	// readOnlyLater are tmpfs directories made for new mount points, made
 	// read-only once the mounts are in.
 	readOnlyLater []string
@@ -41,7 +42,7 @@ func (b *builder) fd(f *os.File) string {
 // exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
 // sandbox to run sandbox-exec. On error nothing stays open.
 func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
-	b := &builder{emptyFile: cfg.EmptyFile}
+	b := &builder{emptyFile: cfg.EmptyFile, emptyDir: cfg.EmptyDir}
 	defer func() {
 		if retErr != nil {
 			for _, f := range b.files {

@@ -105,10 +105,13 @@ func (b *builder) placeholder(p string, asDir bool) {
 		b.placeholders = append(b.placeholders, parent)
 	}
 	b.placeholders = append(b.placeholders, p)
-	if asDir || b.emptyFile == "" {
-		b.add("--tmpfs", p, "--remount-ro", p)
-	} else {
+	switch {
+	case !asDir && b.emptyFile != "":
 		b.add("--ro-bind", b.emptyFile, p)
+	case b.emptyDir != "":
+		b.add("--ro-bind", b.emptyDir, p)
+	default:
+		b.add("--tmpfs", p, "--remount-ro", p)
 	}
 }
 

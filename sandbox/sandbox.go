@@ -67,6 +67,9 @@ type Config struct {
 	// protected file must not be created in the runtime's home (a device
 	// such as /dev/null cannot be opened on the sandbox's nodev mounts).
 	EmptyFile string
+	// EmptyDir is an empty directory, bound read-only where an absent
+	// protected name must not be created: one bind, cheaper than a tmpfs.
+	EmptyDir string
 	// Ledger is the daemon's record of running sandboxes and their
 	// placeholders (see ledger.go).
 	Ledger string

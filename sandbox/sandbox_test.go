@@ -39,7 +39,7 @@ func TestProtectWorkspace(t *testing.T) {
 	gitInit(t, filepath.Join(ws, "sub", "nested"))
 	os.Mkdir(filepath.Join(ws, ".vscode"), 0o700)
 	os.WriteFile(filepath.Join(ws, ".gitmodules"), nil, 0o600)
-	b := &builder{}
+	b := &builder{emptyFile: "/run/empty", emptyDir: "/run/empty.d"}
 	if err := b.protect(ws, false); err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +53,9 @@ func TestProtectWorkspace(t *testing.T) {
 		{"--ro-bind", ws + "/.gitmodules", ws + "/.gitmodules"},
 		// Absent names get placeholder directories in a workspace: git
 		// ignores them, so the repository's status does not change.
-		{"--tmpfs", ws + "/.mcp.json", "--remount-ro", ws + "/.mcp.json"},
-		{"--tmpfs", ws + "/.bashrc", "--remount-ro", ws + "/.bashrc"},
-		{"--tmpfs", ws + "/.claude/commands", "--remount-ro", ws + "/.claude/commands"},
+		{"--ro-bind", "/run/empty.d", ws + "/.mcp.json"},
+		{"--ro-bind", "/run/empty.d", ws + "/.bashrc"},
+		{"--ro-bind", "/run/empty.d", ws + "/.claude/commands"},
 	} {
 		if !argsHave(b.args, want...) {
 			t.Errorf("args lack %q", want)
@@ -89,7 +89,7 @@ func TestProtectWorkspace(t *testing.T) {
 
 func TestProtectHomeUsesFiles(t *testing.T) {
 	home := t.TempDir()
-	b := &builder{emptyFile: "/run/empty"}
+	b := &builder{emptyFile: "/run/empty", emptyDir: "/run/empty.d"}
 	if err := b.protect(home, true); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestProtectHomeUsesFiles(t *testing.T) {
 	if !argsHave(b.args, "--ro-bind", "/run/empty", home+"/.bashrc") {
 		t.Errorf("home .bashrc placeholder is not /dev/null: %q", b.args)
 	}
-	if !argsHave(b.args, "--tmpfs", home+"/.vscode", "--remount-ro", home+"/.vscode") {
+	if !argsHave(b.args, "--ro-bind", "/run/empty.d", home+"/.vscode") {
 		t.Error("home .vscode placeholder is not an empty read-only directory")
 	}
 }
