@@ -368,7 +368,6 @@ func TestSRTCgroupLimits(t *testing.T) {
 	}
 }
 
-
 func TestSRTShimDeathTakesTheSandbox(t *testing.T) {
 	requireBwrap(t)
 	home := newHome(t)
