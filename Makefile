@@ -39,7 +39,10 @@ lint: deps
 demo: deps build
 	./scripts/demo.sh
 
+# Measurements, side by side with the reference sandbox-runtime (srt from
+# npm, installed into bin/tools by scripts/bench-deps.sh).
 bench: deps build
+	./scripts/bench-deps.sh
 	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench
 
 install: build
