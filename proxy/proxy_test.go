@@ -399,19 +399,18 @@ func TestForwardHeadersAndBody(t *testing.T) {
 		}
 	})
 
-	t.Run("keep-alive and content-length body", func(t *testing.T) {
-		// Three requests on one client connection, each with a body; the last
-		// asks to close.
-		c := dialProxy(t, e)
-		br := bufio.NewReader(c)
-		for i := range 3 {
+	t.Run("content-length body, one request per connection", func(t *testing.T) {
+		// The proxy serves one request per client connection: the response
+		// says Connection: close and the connection ends after it, even when
+		// the client asked to keep it or sent a second request behind the
+		// first.
+		for i, connHdr := range []string{"", "Connection: keep-alive\r\n", "Connection: close\r\n"} {
+			c := dialProxy(t, e)
+			br := bufio.NewReader(c)
 			body := "body " + strconv.Itoa(i)
-			closeHdr := ""
-			if i == 2 {
-				closeHdr = "Connection: close\r\n"
-			}
-			fmt.Fprintf(c, "PUT http://origin.test:%d/echo HTTP/1.1\r\nHost: origin.test\r\n%sContent-Length: %d\r\n\r\n%s",
-				port, closeHdr, len(body), body)
+			req := fmt.Sprintf("PUT http://origin.test:%d/echo HTTP/1.1\r\nHost: origin.test\r\n%sContent-Length: %d\r\n\r\n%s",
+				port, connHdr, len(body), body)
+			io.WriteString(c, req+req)
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
 				t.Fatalf("request %d: %v", i, err)
@@ -420,12 +419,12 @@ func TestForwardHeadersAndBody(t *testing.T) {
 			if want := fmt.Sprintf(`PUT %q te=[] trailer=""`, body); err != nil || string(b) != want {
 				t.Errorf("request %d: %q, %v; want %q", i, b, err, want)
 			}
-			if resp.Close != (i == 2) {
-				t.Errorf("request %d: response Close = %v, want %v", i, resp.Close, i == 2)
+			if !resp.Close {
+				t.Errorf("request %d: response Close = false, want true", i)
 			}
-		}
-		if n, err := br.Read(make([]byte, 1)); err != io.EOF {
-			t.Errorf("after Connection: close, read %d, %v; want EOF", n, err)
+			if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+				t.Errorf("request %d: after the response, read %d, %v; want EOF", i, n, err)
+			}
 		}
 	})
 
@@ -798,6 +797,16 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 		{"URL bad port", "GET http://origin.test:0/ HTTP/1.1\r\n\r\n", "HTTP/1.1 400"},
 		{"bad header", "GET http://origin.test/ HTTP/1.1\r\nno colon here\r\n\r\n", "HTTP/1.1 400"},
 		{"huge headers", huge, "HTTP/1.1 431"},
+		{"huge request line", "GET http://origin.test/" + strings.Repeat("a", 100<<10) + " HTTP/1.1\r\n\r\n", "HTTP/1.1 431"},
+		{"unsupported version", "GET http://origin.test/ HTTP/2.0\r\n\r\n", "HTTP/1.1 400"},
+		{"no version", "GET http://origin.test/\r\n\r\n", "HTTP/1.1 400"},
+		{"folded header", "GET http://origin.test/ HTTP/1.1\r\nX-A: 1\r\n folded\r\n\r\n", "HTTP/1.1 400"},
+		{"space before colon", "GET http://origin.test/ HTTP/1.1\r\nX-A : 1\r\n\r\n", "HTTP/1.1 400"},
+		{"control character in header", "GET http://origin.test/ HTTP/1.1\r\nX-A: a\x01b\r\n\r\n", "HTTP/1.1 400"},
+		{"Content-Length and Transfer-Encoding", "POST http://origin.test/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.1 400"},
+		{"unsupported Transfer-Encoding", "POST http://origin.test/ HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "HTTP/1.1 400"},
+		{"conflicting Content-Length", "POST http://origin.test/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "HTTP/1.1 400"},
+		{"negative Content-Length", "POST http://origin.test/ HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400"},
 		{"truncated request", "GET http://origin.te", ""},
 		{"SOCKS5 version byte only", "\x05", ""},
 		{"SOCKS5 zero methods", "\x05\x00", "\x05\xff"},
