@@ -99,6 +99,7 @@ func (s *service) launch() (pid int, retErr error) {
 			if retErr != nil {
 				srt.closeChildEnds()
 				srt.stop()
+				srt.boundary.Release()
 			}
 		}()
 		if argv, err = srt.argv(); err != nil {
@@ -208,6 +209,12 @@ func (s *service) launch() (pid int, retErr error) {
 			srt.stop()
 		}
 		s.finish(code, reason)
+		if srt != nil {
+			// Placeholders go after the exit is reported: no one waits
+			// for them, and a session started meanwhile keeps them.
+			srt.boundary.Release()
+		}
+		close(s.cleanedUp)
 	}()
 	return pid, nil
 }

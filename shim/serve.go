@@ -123,6 +123,11 @@ func serve(dirPath, socket string) error {
 	// before that handler's reply is written: the Shutdown call itself would
 	// fail. A moment's pause lets the last replies go out.
 	time.Sleep(replyGrace)
+	select {
+	case <-svc.exited: // a run ended: its leftovers go before the shim does
+		<-svc.cleanedUp
+	default: // no run was started
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	srv.Shutdown(ctx)

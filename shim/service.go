@@ -34,9 +34,10 @@ type service struct {
 	log    *logrus.Entry
 	reaper *reaper
 
-	exited   chan struct{} // closed once the exit is in status.json
-	shutdown chan struct{} // closed by Shutdown
-	stopOnce sync.Once
+	exited    chan struct{} // closed once the exit is in status.json
+	cleanedUp chan struct{} // closed once the run's leftovers are gone
+	shutdown  chan struct{} // closed by Shutdown
+	stopOnce  sync.Once
 
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
@@ -57,11 +58,12 @@ type service struct {
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
 	return &service{
 		rec: rec, dir: dir, out: out, log: log,
-		cg:       cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
-		reaper:   newReaper(),
-		exited:   make(chan struct{}),
-		shutdown: make(chan struct{}),
-		status:   shimv1.Status_CREATED,
+		cg:        cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
+		reaper:    newReaper(),
+		exited:    make(chan struct{}),
+		cleanedUp: make(chan struct{}),
+		shutdown:  make(chan struct{}),
+		status:    shimv1.Status_CREATED,
 	}
 }
 
@@ -90,6 +92,7 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")
 		s.finish(-1, err.Error())
+		close(s.cleanedUp)
 		return nil, errdefs.ToStatus(err)
 	}
 	return &shimv1.StartResponse{Pid: uint32(pid)}, nil
@@ -165,7 +168,7 @@ func (s *service) signalAll(sig syscall.Signal) bool {
 	}
 	targets[pid] = true
 	for p := range targets {
-		if sig == syscall.SIGKILL || (p != launcher && p != nsInit) {
+		if sig == syscall.SIGKILL || p == pid || (p != launcher && p != nsInit) {
 			syscall.Kill(p, sig)
 		}
 	}

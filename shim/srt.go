@@ -333,15 +333,13 @@ func (r *srtRun) exit(code int) (int, string, bool) {
 	return 0, "", false
 }
 
-// stop closes the proxy listeners, removes the placeholders the sandbox
-// made, and closes what is left open.
+// stop closes the proxy listeners and what is left open.
 func (r *srtRun) stop() {
 	r.mu.Lock()
 	for _, l := range r.listeners {
 		l.Close()
 	}
 	r.mu.Unlock()
-	r.boundary.Release()
 	r.setupR.Close()
 	r.statusR.Close()
 	r.violations.close()
