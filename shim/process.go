@@ -87,6 +87,13 @@ func (s *service) launch() (pid int, retErr error) {
 	}
 	closers = append(closers, errR, errW)
 
+	// How long each step took, for the log: where a slow start goes.
+	var steps []string
+	mark := time.Now()
+	step := func(name string) {
+		steps = append(steps, fmt.Sprintf("%s %v", name, time.Since(mark).Round(10*time.Microsecond)))
+		mark = time.Now()
+	}
 	spec := s.rec.Spec
 	argv := append([]string{"agentconnect-shim", "init", "--"}, spec.Command...)
 	files := []*os.File{stdinR, stdoutW, stderrW, syncR, errW}
@@ -95,6 +102,7 @@ func (s *service) launch() (pid int, retErr error) {
 		if srt, err = s.prepareSRT(stderrW); err != nil {
 			return 0, sandboxSetupError(err)
 		}
+		step("boundary")
 		defer func() {
 			if retErr != nil {
 				srt.closeChildEnds()
@@ -149,6 +157,7 @@ func (s *service) launch() (pid int, retErr error) {
 	if res.err != nil {
 		return 0, fmt.Errorf("start runtime: %w", res.err)
 	}
+	step("fork")
 	launcher := res.pid
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW, syncR, errW} {
 		f.Close()
@@ -162,6 +171,7 @@ func (s *service) launch() (pid int, retErr error) {
 		<-exitStatus
 		return 0, err
 	}
+	step("cgroup")
 	// Let init exec the runtime (or bwrap); it closes errW on a successful
 	// exec.
 	if _, err := syncW.Write([]byte{0}); err != nil {
@@ -172,11 +182,13 @@ func (s *service) launch() (pid int, retErr error) {
 	syncW.Close()
 	execErr, _ := io.ReadAll(io.LimitReader(errR, 4096))
 	errR.Close()
+	step("exec")
 
 	pid = launcher
 	nsInit := 0
 	if srt != nil && len(execErr) == 0 {
 		nsInit, pid = srt.started()
+		step("sandbox")
 	}
 	startTime, _ := procstat.StartTime(pid)
 	now := time.Now()
@@ -194,7 +206,7 @@ func (s *service) launch() (pid int, retErr error) {
 	}); err != nil {
 		s.log.WithError(err).Error("record running status")
 	}
-	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher}).Info("runtime started")
+	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher, "steps": strings.Join(steps, ", ")}).Info("runtime started")
 
 	go func() {
 		ws := <-exitStatus
