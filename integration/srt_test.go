@@ -245,25 +245,6 @@ func TestSRTEscapeBatteryUnprivileged(t *testing.T) {
 	checkGracefulStop(t, home)
 }
 
-// nobodyHome makes a daemon home owned by the unprivileged user nobody.
-func nobodyHome(t *testing.T) string {
-	t.Helper()
-	base, err := os.MkdirTemp("", "agentconnect-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	os.Chmod(base, 0o711)
-	home := filepath.Join(base, "home")
-	if err := os.Mkdir(home, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(home, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	return home
-}
-
 func TestSRTSurvivesSupervisorKill(t *testing.T) {
 	requireBwrap(t)
 	home := newHome(t)

@@ -8,15 +8,12 @@ import (
 	"testing"
 )
 
-// nobody is the unprivileged user the test runs a daemon as.
+// nobody is the unprivileged user tests run a daemon as.
 const nobody = 65534
 
-// TestUnprivilegedDaemonRunsWithoutLimits runs the daemon as an
-// unprivileged user, who cannot create cgroups here: sessions run without
-// limits and status says so, and an agent that asked for limits is refused
-// rather than run without them.
-func TestUnprivilegedDaemonRunsWithoutLimits(t *testing.T) {
-	requireRoot(t) // to make the unprivileged user's home
+// nobodyHome makes a daemon home owned by the unprivileged user nobody.
+func nobodyHome(t *testing.T) string {
+	t.Helper()
 	base, err := os.MkdirTemp("", "agentconnect-nobody-")
 	if err != nil {
 		t.Fatal(err)
@@ -30,6 +27,16 @@ func TestUnprivilegedDaemonRunsWithoutLimits(t *testing.T) {
 	if err := os.Chown(home, nobody, nobody); err != nil {
 		t.Fatal(err)
 	}
+	return home
+}
+
+// TestUnprivilegedDaemonRunsWithoutLimits runs the daemon as an
+// unprivileged user, who cannot create cgroups here: sessions run without
+// limits and status says so, and an agent that asked for limits is refused
+// rather than run without them.
+func TestUnprivilegedDaemonRunsWithoutLimits(t *testing.T) {
+	requireRoot(t) // to make the unprivileged user's home
+	home := nobodyHome(t)
 	d := &daemon{t: t, home: home, cred: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	d.start()
 	t.Cleanup(d.cleanup)
