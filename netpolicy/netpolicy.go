@@ -265,6 +265,36 @@ func (p *Policy) CheckName(host string, port int) Decision {
 		t.String(), t.String(), hostPort(t, port))}
 }
 
+// CheckHost decides whether host may be reached on some port: a denied
+// entry without a port that matches it refuses it, and with an allowlist an
+// allowed entry must match it, on any port. A DNS server answering for a
+// sandbox asks this: a name is resolved when a connection to it could be
+// allowed (CheckName then decides on each connection, with its port).
+func (p *Policy) CheckHost(host string) Decision {
+	t, err := parseTarget(host)
+	if err != nil {
+		return Decision{Reason: fmt.Sprintf("invalid host %q: %v", host, err)}
+	}
+	if p == nil {
+		return Decision{Allow: true, Reason: "no allowedDomains list: every host that is not denied may be reached"}
+	}
+	for i := range p.denied {
+		e := &p.denied[i]
+		if e.matchHost(t) && e.port == 0 {
+			return Decision{Reason: fmt.Sprintf("%s is denied by deniedDomains entry %q", t.String(), e.raw)}
+		}
+	}
+	if len(p.allowed) == 0 {
+		return Decision{Allow: true, Reason: "no allowedDomains list: every host that is not denied may be reached"}
+	}
+	for i := range p.allowed {
+		if e := &p.allowed[i]; e.matchHost(t) {
+			return Decision{Allow: true, Reason: fmt.Sprintf("allowed by allowedDomains entry %q", e.raw)}
+		}
+	}
+	return Decision{Reason: fmt.Sprintf("%s is not in allowedDomains; add %q to allow it", t.String(), t.String())}
+}
+
 // CheckAddr decides on one resolved address ip of host (call CheckName
 // first; CheckAddr does not repeat it). An address that a denied IP entry
 // matches is refused. An address that is not public is refused unless an

@@ -236,3 +236,31 @@ func TestNilPolicy(t *testing.T) {
 		t.Errorf("CheckAddr(invalid address) = %+v, want refused", d)
 	}
 }
+
+func TestCheckHost(t *testing.T) {
+	p, err := New([]string{"api.example:443", "*.cdn.example"}, []string{"bad.example", "api.example:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host  string
+		allow bool
+	}{
+		{"api.example", true}, // allowed on 443: resolvable
+		{"x.cdn.example", true},
+		{"cdn.example", false}, // a wildcard does not match the bare name
+		{"bad.example", false}, // denied on every port
+		{"other.example", false},
+	} {
+		if d := p.CheckHost(tc.host); d.Allow != tc.allow || d.Reason == "" {
+			t.Errorf("CheckHost(%q) = %+v, want allow %v with a reason", tc.host, d, tc.allow)
+		}
+	}
+	if d := (*Policy)(nil).CheckHost("anything.example"); !d.Allow {
+		t.Errorf("nil policy: %+v", d)
+	}
+	open, _ := New(nil, []string{"bad.example:443"})
+	if d := open.CheckHost("bad.example"); !d.Allow {
+		t.Errorf("a name denied on one port only is resolvable: %+v", d)
+	}
+}
