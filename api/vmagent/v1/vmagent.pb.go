@@ -411,11 +411,19 @@ func (*SetupResponse) Descriptor() ([]byte, []int) {
 }
 
 type ExecRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Args          []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
-	Env           []string               `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"` // the whole environment
-	Cwd           string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Args  []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Env   []string               `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"` // the whole environment
+	Cwd   string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// The stdio streams the shim opened for this process. The agent reads
+	// each connection's preface concurrently, so a stream opened just before
+	// Exec may not be registered yet when Exec arrives: Exec waits (bounded)
+	// for each stream named here. A stream not named here is used if it has
+	// arrived, else the process gets /dev/null.
+	Stdin         bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout        bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -476,6 +484,27 @@ func (x *ExecRequest) GetCwd() string {
 		return x.Cwd
 	}
 	return ""
+}
+
+func (x *ExecRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *ExecRequest) GetStdout() bool {
+	if x != nil {
+		return x.Stdout
+	}
+	return false
+}
+
+func (x *ExecRequest) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
 }
 
 type ExecResponse struct {
@@ -813,12 +842,15 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\x06docker\x18\x03 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x06docker\x126\n" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
 	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\"\x0f\n" +
-	"\rSetupResponse\"U\n" +
+	"\rSetupResponse\"\x9b\x01\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
 	"\x03env\x18\x03 \x03(\tR\x03env\x12\x10\n" +
-	"\x03cwd\x18\x04 \x01(\tR\x03cwd\" \n" +
+	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12\x14\n" +
+	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
+	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\a \x01(\bR\x06stderr\" \n" +
 	"\fExecResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"I\n" +
 	"\rSignalRequest\x12\x0e\n" +

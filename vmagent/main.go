@@ -1,0 +1,141 @@
+// Command agentconnect-vmagent is PID 1 of a session's VM: it brings the
+// guest up, builds its root and runs the session's processes for the shim,
+// which talks to it over vsock or a virtio-serial port (api/vmagent/v1).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/vmtransport"
+)
+
+// portWait bounds the wait for the serial port to show up with its name
+// after virtio_console is loaded.
+const portWait = 10 * time.Second
+
+func main() {
+	logf := log.New(os.Stderr, "vmagent: ", 0).Printf
+	if err := run(logf); err != nil {
+		logf("%v", err)
+		if os.Getpid() == 1 {
+			// Exiting would panic the kernel; power off so the host sees
+			// the VM end, with this line on the console.
+			if err := powerOff(); err != nil {
+				logf("%v", err)
+			}
+		}
+		os.Exit(1)
+	}
+}
+
+// run is the agent's life: boot the guest (as PID 1), listen on the
+// transport the kernel command line names, serve until the VM powers off.
+func run(logf func(string, ...any)) error {
+	started := uptime()
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		if err := mountAll("/", systemMounts); err != nil {
+			return fmt.Errorf("boot: %w", err)
+		}
+		openConsole()
+		// Signals that would end a Go program must not end PID 1 (which
+		// panics the kernel). Handled, not ignored: children must not
+		// inherit an ignored disposition.
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	}
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	cfg, err := parseCmdline(string(cmdline))
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	modulesLoaded := make(chan struct{})
+	if pid1 {
+		loadBootModules(cfg, modulesLoaded, logf)
+		if err := linkUp("lo"); err != nil {
+			logf("boot: %v", err)
+		}
+	} else {
+		close(modulesLoaded)
+	}
+
+	ctx := context.Background()
+	procs := newProcTable(pid1, logf)
+	go procs.reapLoop(ctx)
+	svc := &service{
+		logf:     logf,
+		procs:    procs,
+		streams:  newPendingStreams(logf),
+		paths:    guestPaths,
+		setup:    runSetup,
+		modules:  modulesLoaded,
+		powerOff: powerOff,
+
+		waitStreams: streamWait,
+	}
+	if !pid1 {
+		svc.powerOff = func() error { return fmt.Errorf("not PID 1: not powering off") }
+	}
+	a, err := newAgent(svc)
+	if err != nil {
+		return err
+	}
+	ln, err := listen(cfg, logf)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	logf("serving on %s %s: started %v after the kernel, ready %v later",
+		cfg.transport, ln.Addr(), started.Round(time.Millisecond), (uptime() - started).Round(time.Millisecond))
+	return a.serve(ctx, ln)
+}
+
+// loadBootModules loads the transport's modules, then the others in the
+// background, and closes loaded once they all are. Built-in drivers may do
+// without: a missing modules directory is only logged.
+func loadBootModules(cfg bootConfig, loaded chan<- struct{}, logf func(string, ...any)) {
+	dir := filepath.Join("/lib/modules", kernelRelease())
+	ix, err := readModuleIndex(dir)
+	if err != nil {
+		logf("boot: %v", err)
+		close(loaded)
+		return
+	}
+	transport := serialModules
+	if cfg.transport == "vsock" {
+		transport = vsockModules
+	}
+	ix.loadModules(dir, transport, logf)
+	go func() {
+		defer close(loaded)
+		ix.loadModules(dir, setupModules, logf)
+	}()
+}
+
+// listen opens the transport cfg names.
+func listen(cfg bootConfig, logf func(string, ...any)) (net.Listener, error) {
+	if cfg.transport == "vsock" {
+		return vmtransport.ListenVsock(cfg.port)
+	}
+	deadline := time.Now().Add(portWait)
+	for {
+		path, err := vmtransport.FindSerialPort(vmtransport.SerialPortName)
+		if err == nil {
+			return vmtransport.ListenSerial(path, vmtransport.WithLogf(logf))
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w (waited %v; is the host's -device virtserialport,name=%s there?)",
+				err, portWait, vmtransport.SerialPortName)
+		}
+		time.Sleep(devicePoll)
+	}
+}
