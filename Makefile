@@ -12,7 +12,7 @@ LDFLAGS := -X github.com/agentconnect-md/agentconnect/version.Version=$(VERSION)
 PREFIX ?= /usr/local
 BINARIES := bin/agentconnect bin/agentconnect-shim
 
-.PHONY: all build deps proto test unit integration lint demo bench install clean
+.PHONY: all build deps proto image test unit integration lint demo bench install clean
 
 all: build
 
@@ -21,6 +21,12 @@ deps:
 
 build:
 	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim
+	go build -ldflags '$(LDFLAGS)' -o bin/agentconnect-vmagent ./vmagent
+
+# The default microsandbox guest image (kernel, initramfs with the vmagent,
+# Debian root with git and Node.js), into bin/image; quick when up to date.
+image: build
+	./scripts/build-image.sh bin/image bin/agentconnect-vmagent
 
 # Regenerate the API code from api/**/*.proto (the result is committed).
 proto: deps
@@ -28,7 +34,7 @@ proto: deps
 
 # Every test: unit tests beside the code, then the integration tests that
 # drive the built binaries. Root-only tests skip with a message elsewhere.
-test: deps build lint
+test: deps build image lint
 	AGENTCONNECT_BIN=$(CURDIR)/bin go test -count=1 -timeout 18m ./...
 
 lint: deps
@@ -36,7 +42,7 @@ lint: deps
 	go vet ./...
 	staticcheck ./...
 
-demo: deps build
+demo: deps build image
 	./scripts/demo.sh
 
 # Measurements, side by side with the reference sandbox-runtime (srt from
@@ -45,9 +51,11 @@ bench: deps build
 	./scripts/bench-deps.sh
 	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench
 
-install: build
-	install -d $(DESTDIR)$(PREFIX)/bin
+install: build image
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/agentconnect/image
 	install -m 0755 $(BINARIES) $(DESTDIR)$(PREFIX)/bin/
+	cp --sparse=always bin/image/vmlinuz bin/image/initrd.img bin/image/rootfs.img bin/image/image.json \
+		$(DESTDIR)$(PREFIX)/share/agentconnect/image/
 
 clean:
 	rm -rf bin

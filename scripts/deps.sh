@@ -22,6 +22,10 @@ need ip iproute2
 need curl curl
 need python3 python3
 need node nodejs
+# microsandbox: QEMU (its package brings virtiofsd) and mke2fs for the
+# session disks; scripts/build-image.sh installs what the image build needs.
+need qemu-system-x86_64 qemu-system-x86
+need mke2fs e2fsprogs
 
 if [ -n "$missing" ]; then
 	if [ "$(id -u)" -ne 0 ]; then

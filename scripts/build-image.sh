@@ -1,0 +1,225 @@
+#!/bin/sh
+# Builds the default microsandbox guest image from Debian packages:
+#
+#   OUTDIR/vmlinuz     Debian's cloud kernel (linux-image-*-cloud-amd64)
+#   OUTDIR/initrd.img  cpio (newc), gzip: the vmagent as /init, and the kernel
+#                      modules the guest needs with their modules.dep
+#   OUTDIR/rootfs.img  ext4, sparse: Debian bookworm (debootstrap minbase) with
+#                      $PACKAGES and the same kernel's modules
+#   OUTDIR/image.json  {"kernelVersion", "rootfsDigest", "vmagentDigest",
+#                      "builtAt", "packages"}
+#
+# Usage: scripts/build-image.sh OUTDIR VMAGENT_BINARY   (as root: debootstrap
+# needs it). Downloads and the debootstrap tree are cached under bin/cache/image
+# (AGENTCONNECT_IMAGE_CACHE overrides it), so a second run is quick; delete that
+# directory to pick up a newer kernel or security updates. When OUTDIR is
+# complete, newer than this script and built with this vmagent binary (same
+# sha256) it does nothing; otherwise it rebuilds only what changed. image.json
+# is written last, so an OUTDIR without it is incomplete.
+set -eu
+
+SUITE=bookworm
+PACKAGES="bash coreutils git nodejs ca-certificates curl"
+# Modules the guest loads (the initramfs holds them and their dependencies):
+# virtio over PCI (q35) and MMIO (microvm), disks, the agent's serial port,
+# network, vsock, virtiofs, overlay for a writable layer on the root, and
+# the host's entropy.
+MODULES="virtio_pci virtio_mmio virtio_blk virtio_console virtio_net virtio_rng vsock vmw_vsock_virtio_transport fuse virtiofs overlay"
+
+say() { echo "build-image: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[ $# -eq 2 ] || { echo "usage: $0 OUTDIR VMAGENT_BINARY" >&2; exit 2; }
+[ -f "$2" ] || die "vmagent binary $2 not found (build it first)"
+out=$(realpath -m "$1")
+vmagent=$(realpath "$2")
+self=$(realpath "$0")
+cd "$(dirname "$self")/.."
+
+complete() {
+	for f in image.json vmlinuz initrd.img rootfs.img; do
+		[ -s "$out/$f" ] || return 1
+	done
+}
+# The vmagent is compared by content: another binary, even an older file,
+# makes a new initramfs.
+vmagent_digest=sha256:$(sha256sum "$vmagent" | cut -d' ' -f1)
+built_vmagent=$(sed -n 's/.*"vmagentDigest": *"\(sha256:[0-9a-f]*\)".*/\1/p' "$out/image.json" 2>/dev/null || true)
+if complete && [ "$built_vmagent" = "$vmagent_digest" ] && [ "$out/image.json" -nt "$self" ]; then
+	say "$out is up to date"
+	exit 0
+fi
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot and mknod need it): sudo make image"
+
+missing=""
+need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need debootstrap debootstrap
+need mke2fs e2fsprogs
+need cpio cpio
+need depmod kmod
+need modprobe kmod
+need gzip gzip
+if [ -n "$missing" ]; then
+	say "installing$missing"
+	apt-get update -q >/dev/null
+	# shellcheck disable=SC2086
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >/dev/null
+fi
+PATH=$PATH:/usr/sbin:/sbin
+
+# The machine's Debian mirrors (deb822 sources), else deb.debian.org.
+sources=/etc/apt/sources.list.d/debian.sources
+mirror=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$sources" 2>/dev/null || true)
+secmirror=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i ~ /security/) { print $i; exit } }' "$sources" 2>/dev/null || true)
+mirror=${mirror:-http://deb.debian.org/debian}
+secmirror=${secmirror:-http://deb.debian.org/debian-security}
+
+cache=$(realpath -m "${AGENTCONNECT_IMAGE_CACHE:-bin/cache/image}")
+mkdir -p "$cache/debs" "$out"
+build=$(mktemp -d "$out/.build.XXXXXX")
+trap 'rm -rf "$build"' EXIT
+trap 'exit 130' INT TERM
+# From here on OUTDIR is incomplete until image.json is written again.
+rm -f "$out/image.json"
+
+# --- Kernel: the cloud kernel package, cached; its modules get a modules.dep.
+kdeb=$(ls "$cache"/debs/linux-image-[0-9]*-cloud-amd64_*.deb 2>/dev/null | tail -n 1 || true)
+if [ -z "$kdeb" ]; then
+	kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n 1)
+	if [ -z "$kpkg" ] || ! (cd "$cache/debs" && apt-get download -q "$kpkg" >/dev/null 2>&1); then
+		say "updating the apt index to find the cloud kernel"
+		apt-get update -q >/dev/null
+		kpkg=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n 1)
+		[ -n "$kpkg" ] || die "no linux-image-*-cloud-amd64 package in the apt index"
+		(cd "$cache/debs" && apt-get download -q "$kpkg" >/dev/null)
+	fi
+	kdeb=$(ls "$cache"/debs/"$kpkg"_*.deb | tail -n 1)
+fi
+kroot=$cache/kernel
+kstamp=$(basename "$kdeb")
+if [ "$(cat "$kroot.stamp" 2>/dev/null || true)" != "$kstamp" ]; then
+	say "extracting $kstamp"
+	rm -rf "$kroot" "$kroot.stamp"
+	dpkg-deb -x "$kdeb" "$kroot.new"
+	mv "$kroot.new" "$kroot"
+	kver=$(ls "$kroot/lib/modules")
+	depmod -b "$kroot" "$kver"
+	echo "$kstamp" >"$kroot.stamp"
+fi
+kver=$(ls "$kroot/lib/modules")
+[ -f "$kroot/boot/vmlinuz-$kver" ] || die "$kdeb has no /boot/vmlinuz-$kver"
+
+# --- Initramfs: /init is the vmagent; the modules and their dependencies.
+if [ ! -s "$out/initrd.img" ] || [ "$built_vmagent" != "$vmagent_digest" ] || [ ! "$out/initrd.img" -nt "$self" ] ||
+	[ ! "$out/initrd.img" -nt "$kroot.stamp" ]; then
+	say "building initrd.img (kernel $kver)"
+	stage=$build/initrd
+	mkdir -p "$stage/dev" "$stage/proc" "$stage/sys" "$stage/run" "$stage/tmp" "$stage/lib/modules/$kver"
+	mknod -m 0600 "$stage/dev/console" c 5 1
+	install -m 0755 "$vmagent" "$stage/init"
+	kos=""
+	for m in $MODULES; do
+		deps=$(modprobe -d "$kroot" -S "$kver" --show-depends "$m") || die "module $m not found in $kstamp"
+		kos="$kos $(echo "$deps" | awk '$1 == "insmod" { print $2 }')"
+	done
+	for ko in $(echo "$kos" | tr ' ' '\n' | sort -u); do
+		rel=${ko#"$kroot"/}
+		mkdir -p "$stage/$(dirname "$rel")"
+		cp "$ko" "$stage/$rel"
+	done
+	for f in modules.order modules.builtin modules.builtin.modinfo; do
+		[ ! -f "$kroot/lib/modules/$kver/$f" ] || cp "$kroot/lib/modules/$kver/$f" "$stage/lib/modules/$kver/"
+	done
+	depmod -b "$stage" "$kver"
+	find "$stage" -exec touch -h -d @0 {} +
+	(cd "$stage" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
+		cpio --null -o -H newc --reproducible -R 0:0 --quiet) | gzip -9n >"$build/initrd.img"
+	mv "$build/initrd.img" "$out/initrd.img"
+fi
+install -m 0644 "$kroot/boot/vmlinuz-$kver" "$build/vmlinuz"
+mv "$build/vmlinuz" "$out/vmlinuz"
+
+# --- Root tree: debootstrap minbase, security updates, no docs; cached while
+# the suite, mirrors and package list stay the same.
+tree=$cache/rootfs-tree
+want="$SUITE $mirror $secmirror $PACKAGES"
+if [ "$(cat "$tree.stamp" 2>/dev/null || true)" != "$want" ]; then
+	say "debootstrap $SUITE from $mirror (+ $PACKAGES)"
+	rm -rf "$tree" "$tree.stamp" "$tree.new"
+	debootstrap --variant=minbase --include="$(echo "$PACKAGES" | tr ' ' ,)" \
+		--cache-dir="$cache/debs" "$SUITE" "$tree.new" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+		die "debootstrap failed: see $cache/debootstrap.log"
+	cat >"$tree.new/etc/apt/sources.list" <<EOF
+deb $mirror $SUITE main
+deb $mirror $SUITE-updates main
+deb $secmirror $SUITE-security main
+EOF
+	# Later package installs in the guest skip documentation too.
+	cat >"$tree.new/etc/dpkg/dpkg.cfg.d/01-nodoc" <<EOF
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+path-include=/usr/share/locale/locale.alias
+EOF
+	say "applying $SUITE-updates and $SUITE-security"
+	{
+		chroot "$tree.new" apt-get update -q &&
+			DEBIAN_FRONTEND=noninteractive chroot "$tree.new" apt-get -y -q \
+				-o Dpkg::Options::=--force-confold upgrade &&
+			chroot "$tree.new" apt-get clean
+	} >>"$cache/debootstrap.log" 2>&1 || die "apt-get upgrade in the new root failed: see $cache/debootstrap.log"
+	rm -rf "$tree.new"/var/lib/apt/lists/* "$tree.new"/var/cache/apt/*.bin \
+		"$tree.new"/usr/share/man/* "$tree.new"/usr/share/info/*
+	find "$tree.new/usr/share/doc" -type f ! -name copyright -delete
+	find "$tree.new/usr/share/doc" -type d -empty -delete
+	find "$tree.new/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf {} +
+	# debootstrap copies the host's name and resolver: the guest gets its own.
+	echo sandbox >"$tree.new/etc/hostname"
+	printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n' >"$tree.new/etc/hosts"
+	rm -f "$tree.new/etc/resolv.conf"
+	: >"$tree.new/etc/resolv.conf"
+	mv "$tree.new" "$tree"
+	echo "$want" >"$tree.stamp"
+fi
+# The same kernel's modules, so that the root matches the running kernel.
+rm -rf "$tree/lib/modules"
+mkdir -p "$tree/lib/modules"
+cp -a "$kroot/lib/modules/$kver" "$tree/lib/modules/"
+
+# --- rootfs.img: ext4 from the tree (mke2fs -d, no loop mount), sparse, with
+# room to spare: the tree's usage + 10% + 64 MiB, inodes + 25%. 4 KiB blocks
+# (mke2fs would pick 1 KiB for a file system this small) and no journal: VMs
+# share the image read-only.
+if [ ! -s "$out/rootfs.img" ] || [ ! "$out/rootfs.img" -nt "$self" ] || [ ! "$out/rootfs.img" -nt "$tree.stamp" ] ||
+	[ ! "$out/rootfs.img" -nt "$kroot.stamp" ]; then
+	used=$(du -sk "$tree" | cut -f1)
+	files=$(find "$tree" -xdev | wc -l)
+	size=$((used + used / 10 + 65536))
+	inodes=$((files + files / 4 + 4096))
+	say "building rootfs.img (${size} KiB, $inodes inodes)"
+	: >"$build/rootfs.img" # (an existing file keeps mke2fs quiet)
+	mke2fs -q -F -t ext4 -b 4096 -I 256 -O ^has_journal -m 0 -N "$inodes" -L agentconnect -d "$tree" "$build/rootfs.img" "${size}k"
+	mv "$build/rootfs.img" "$out/rootfs.img"
+fi
+digest=sha256:$(sha256sum "$out/rootfs.img" | cut -d' ' -f1)
+
+# --- image.json, last.
+pkgs=$(dpkg-deb -f "$kdeb" Package Version | awk -F': ' '/^Package/ { p = $2 } /^Version/ { v = $2 } END { printf "\"%s=%s\"", p, v }')
+for p in $PACKAGES; do
+	v=$(dpkg-query --admindir="$tree/var/lib/dpkg" -W -f='${Version}' "$p")
+	pkgs="$pkgs, \"$p=$v\""
+done
+cat >"$build/image.json" <<EOF
+{
+  "kernelVersion": "$kver",
+  "rootfsDigest": "$digest",
+  "vmagentDigest": "$vmagent_digest",
+  "builtAt": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "packages": [$pkgs]
+}
+EOF
+mv "$build/image.json" "$out/image.json"
+say "$out: kernel $kver, root $digest ($(du -k "$out/rootfs.img" | cut -f1) KiB used of $(($(stat -c %s "$out/rootfs.img") / 1024)) KiB)"
