@@ -174,6 +174,27 @@ func (l Layout) RecordAdminSocket(path string) error {
 	return os.WriteFile(l.adminSocketPointer(), []byte(path+"\n"), 0o600)
 }
 
+// RunDirFor returns a directory for a VM's sockets, named by a hash of key:
+// in the socket directory when the socket paths fit the unix limit there,
+// else in the short private base. It does not create it.
+func (l Layout) RunDirFor(key string) (string, error) {
+	const longestVMSocket = len("agent.sock") + 2
+	name := hashName(key, 16) + ".vm"
+	dir := filepath.Join(l.FindSocketDir(), name)
+	if len(dir)+1+longestVMSocket <= maxSocketPath {
+		return dir, nil
+	}
+	base := filepath.Join(shortBase(), hashName(l.Root, 12))
+	if err := privateDir(base); err != nil {
+		return "", err
+	}
+	dir = filepath.Join(base, name)
+	if len(dir)+1+longestVMSocket > maxSocketPath {
+		return "", fmt.Errorf("home %s: no socket directory short enough for a VM's sockets; use a shorter --home", l.Root)
+	}
+	return dir, nil
+}
+
 // ShimSocket is the socket path of one run of a session's shim, in dir.
 func ShimSocket(dir, sessionID string, run uint32) string {
 	return filepath.Join(dir, hashName(sessionID+"/"+strconv.FormatUint(uint64(run), 10), 16)+".sock")

@@ -19,26 +19,31 @@ type Result struct {
 	Reason    string        `json:"reason"`
 }
 
-// checks are the live checks per strategy. A strategy this build cannot run
-// yet says so.
-var checks = map[strategy.Name]func(*config.Config) string{
-	strategy.Host: checkHost,
-	strategy.SRT:  checkSRTStrategy,
-	strategy.Microsandbox: func(*config.Config) string {
-		return "this build of agentconnect cannot run microsandbox sessions yet"
-	},
+// Env is what the checks need to know about this installation beyond the
+// config.
+type Env struct {
+	// ImageDir holds the default microVM image (kernel, initrd, root
+	// filesystem); see vmimage.Default.
+	ImageDir string
+}
+
+// checks are the live checks per strategy.
+var checks = map[strategy.Name]func(*config.Config, Env) string{
+	strategy.Host:         checkHost,
+	strategy.SRT:          checkSRTStrategy,
+	strategy.Microsandbox: checkMicrosandbox,
 }
 
 // Run checks every strategy in the order of strategy.All. A strategy the
 // config turns off is not checked: its reason is the config's.
-func Run(cfg *config.Config) []Result {
+func Run(cfg *config.Config, env Env) []Result {
 	results := make([]Result, 0, len(strategy.All))
 	for _, n := range strategy.All {
 		r := Result{Name: n}
 		if !cfg.Offered[n] {
 			r.Reason = cfg.OffReason[n]
 		} else {
-			r.Reason = checks[n](cfg)
+			r.Reason = checks[n](cfg, env)
 			r.Available = r.Reason == ""
 		}
 		results = append(results, r)
@@ -67,7 +72,7 @@ func Default(results []Result) strategy.Name {
 	return ""
 }
 
-func checkHost(*config.Config) string {
+func checkHost(*config.Config, Env) string {
 	if runtime.GOOS != "linux" {
 		return "host sessions need Linux"
 	}
@@ -76,7 +81,7 @@ func checkHost(*config.Config) string {
 
 // checkSRTStrategy: bwrap starts a sandbox here, and the seccomp filter
 // (without which no srt session runs) can be built for this machine.
-func checkSRTStrategy(*config.Config) string {
+func checkSRTStrategy(*config.Config, Env) string {
 	if _, err := seccomp.Program(seccomp.Options{}); err != nil {
 		return fmt.Sprintf("srt cannot filter system calls here: %v", err)
 	}

@@ -10,25 +10,34 @@ import (
 
 func TestRun(t *testing.T) {
 	cfg := config.Default()
-	res := Run(cfg)
+	env := Env{ImageDir: t.TempDir()}
+	res := Run(cfg, env)
 	if len(res) != 3 || res[0].Name != strategy.Host || !res[0].Available {
 		t.Fatalf("Run = %+v; want host first and available", res)
 	}
 	// srt is what its live check says on this machine.
-	if want := checkSRTStrategy(cfg); res[1].Available != (want == "") || res[1].Reason != want {
+	if want := checkSRTStrategy(cfg, env); res[1].Available != (want == "") || res[1].Reason != want {
 		t.Errorf("srt: available %v, reason %q; the live check says %q", res[1].Available, res[1].Reason, want)
 	}
-	if ms := res[2]; ms.Available || !strings.Contains(ms.Reason, "cannot run") {
-		t.Errorf("microsandbox: available %v, reason %q; want unavailable, saying this build cannot run it", ms.Available, ms.Reason)
+	// microsandbox: no image in an empty directory, whatever else holds.
+	if ms := res[2]; ms.Available || ms.Reason == "" {
+		t.Errorf("microsandbox: available %v, reason %q; want unavailable with a reason", ms.Available, ms.Reason)
 	}
 	if Default(res) != strategy.Host {
 		t.Errorf("Default = %q, want host", Default(res))
+	}
+	// Without KVM and vsock (as on CI), tcg over serial gets as far as the
+	// image: the reason names the directory it is missing from.
+	tcg := config.Default()
+	tcg.VM.Accelerator, tcg.VM.Transport = "tcg", "serial"
+	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
+		t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
 	}
 
 	cfg.RequireSandbox("--require-sandbox turns host off on this daemon")
 	cfg.Offered[strategy.SRT] = false
 	cfg.OffReason[strategy.SRT] = "sandbox.srt is off on this daemon"
-	res = Run(cfg)
+	res = Run(cfg, env)
 	if AnyAvailable(res) {
 		t.Errorf("with everything off, a strategy is available: %+v", res)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/atomicfile"
+	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -53,6 +54,9 @@ type Spec struct {
 	LimitsNote string `json:"limitsNote"`
 	// Sandbox is the srt boundary's settings; nil for host sessions.
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	// VM is the microsandbox VM's settings; nil for other sessions. Its
+	// network policy is Sandbox's (AllowedDomains, DeniedDomains, Resolver).
+	VM *microvm.Config `json:"vm,omitempty"`
 }
 
 // Sandbox is what the shim needs to build an srt boundary.

@@ -49,10 +49,92 @@ func pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 	return os.NewFile(uintptr(r), "shim"), os.NewFile(uintptr(w), "runtime"), nil
 }
 
+// spawn starts a child of the shim that dies with it: Pdeathsig fires when
+// the thread that forked dies, so that thread stays locked to a goroutine
+// until the child has exited. The shim's reaper reaps it; its status comes
+// on the returned channel.
+func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
+	if attr.Sys == nil {
+		attr.Sys = &syscall.SysProcAttr{}
+	}
+	attr.Sys.Pdeathsig = syscall.SIGKILL
+	type result struct {
+		pid int
+		err error
+	}
+	started := make(chan result, 1)
+	exitStatus := make(chan syscall.WaitStatus, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Never unlocked: when this goroutine returns, its thread exits,
+		// which is fine only after the child is gone.
+		s.reaper.mu.Lock()
+		p, err := os.StartProcess(path, argv, attr)
+		if err != nil {
+			s.reaper.mu.Unlock()
+			started <- result{err: err}
+			return
+		}
+		pid := p.Pid
+		exited := s.reaper.expectLocked(pid)
+		p.Release() // the reaper waits for it, not os.Process
+		s.reaper.mu.Unlock()
+		started <- result{pid: pid}
+		exitStatus <- <-exited
+	}()
+	res := <-started
+	return res.pid, exitStatus, res.err
+}
+
+// startInCgroup starts argv through "agentconnect-shim init" in its own
+// process group, with stdio and extra files (at fds 5 and up), places it in
+// the session's cgroup, then lets it exec argv[3:] (the init protocol: fd 3
+// releases it, fd 4 reports an exec failure, closed by a successful exec).
+// It returns the launcher's pid, its exit, and init's exec error if any.
+func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File) (int, <-chan syscall.WaitStatus, string, error) {
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer syncW.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		syncR.Close()
+		return 0, nil, "", err
+	}
+	defer errR.Close()
+	files := append([]*os.File{stdio[0], stdio[1], stdio[2], syncR, errW}, extra...)
+	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files,
+		// The session's own process group: kill(-pid) reaches its children.
+		Sys: &syscall.SysProcAttr{Setpgid: true}}
+	launcher, exitStatus, err := s.spawn("/proc/self/exe", argv, attr)
+	syncR.Close()
+	errW.Close()
+	if err != nil {
+		return 0, nil, "", fmt.Errorf("start runtime: %w", err)
+	}
+	if err := s.cg.Add(launcher); err != nil {
+		syscall.Kill(launcher, syscall.SIGKILL)
+		<-exitStatus
+		return 0, nil, "", err
+	}
+	if _, err := syncW.Write([]byte{0}); err != nil {
+		syscall.Kill(launcher, syscall.SIGKILL)
+		<-exitStatus
+		return 0, nil, "", fmt.Errorf("release runtime: %w", err)
+	}
+	syncW.Close()
+	execErr, _ := io.ReadAll(io.LimitReader(errR, 4096))
+	return launcher, exitStatus, string(execErr), nil
+}
+
 // launch starts the runtime through "agentconnect-shim init" (directly, or
 // in bwrap for srt), places it in the session's cgroup, lets it exec, and
 // starts copying its output.
 func (s *service) launch() (pid int, retErr error) {
+	if s.rec.Spec.VM != nil {
+		return s.launchVM()
+	}
 	var closers []*os.File
 	defer func() {
 		if retErr != nil {
@@ -76,33 +158,19 @@ func (s *service) launch() (pid int, retErr error) {
 		return 0, err
 	}
 	closers = append(closers, stderrR, stderrW)
-	syncR, syncW, err := os.Pipe()
-	if err != nil {
-		return 0, err
-	}
-	closers = append(closers, syncR, syncW)
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return 0, err
-	}
-	closers = append(closers, errR, errW)
 
 	// How long each step took, for the log: where a slow start goes.
-	var steps []string
-	mark := time.Now()
-	step := func(name string) {
-		steps = append(steps, fmt.Sprintf("%s %v", name, time.Since(mark).Round(10*time.Microsecond)))
-		mark = time.Now()
-	}
+	st := &steps{mark: time.Now()}
 	spec := s.rec.Spec
 	argv := append([]string{"agentconnect-shim", "init", "--"}, spec.Command...)
-	files := []*os.File{stdinR, stdoutW, stderrW, syncR, errW}
+	stdio := [3]*os.File{stdinR, stdoutW, stderrW}
+	var extra []*os.File
 	var srt *srtRun
 	if spec.Sandbox != nil {
 		if srt, err = s.prepareSRT(stderrW); err != nil {
 			return 0, sandboxSetupError(err)
 		}
-		step("boundary")
+		st.done("boundary")
 		defer func() {
 			if retErr != nil {
 				srt.closeChildEnds()
@@ -114,103 +182,37 @@ func (s *service) launch() (pid int, retErr error) {
 			return 0, err
 		}
 		// bwrap's own stderr is the setup pipe; the runtime's is fd 6.
-		files = append([]*os.File{stdinR, stdoutW, srt.setupW, syncR, errW}, srt.childFiles...)
+		stdio[2] = srt.setupW
+		extra = srt.childFiles
 	}
-	attr := &os.ProcAttr{
-		Dir:   spec.Workspace,
-		Env:   spec.Env,
-		Files: files,
-		Sys: &syscall.SysProcAttr{
-			Setpgid: true, // the session's own process group: kill(-pid) reaches its children
-			// The runtime dies with the shim. Pdeathsig fires when the
-			// thread that forked dies, so that thread stays locked to the
-			// goroutine below until the runtime has exited.
-			Pdeathsig: syscall.SIGKILL,
-		},
-	}
-	type result struct {
-		pid    int
-		err    error
-		exited <-chan syscall.WaitStatus
-	}
-	started := make(chan result, 1)
-	exitStatus := make(chan syscall.WaitStatus, 1)
-	go func() {
-		runtime.LockOSThread()
-		// Never unlocked: when this goroutine returns, its thread exits,
-		// which is fine only after the runtime is gone.
-		s.reaper.mu.Lock()
-		p, err := os.StartProcess("/proc/self/exe", argv, attr)
-		if err != nil {
-			s.reaper.mu.Unlock()
-			started <- result{err: err}
-			return
-		}
-		pid := p.Pid
-		exited := s.reaper.expectLocked(pid)
-		p.Release() // the reaper waits for it, not os.Process
-		s.reaper.mu.Unlock()
-		started <- result{pid: pid, exited: exited}
-		exitStatus <- <-exited
-	}()
-	res := <-started
-	if res.err != nil {
-		return 0, fmt.Errorf("start runtime: %w", res.err)
-	}
-	step("fork")
-	launcher := res.pid
-	for _, f := range []*os.File{stdinR, stdoutW, stderrW, syncR, errW} {
+	launcher, exitStatus, execErr, err := s.startInCgroup(argv, spec.Workspace, spec.Env, stdio, extra)
+	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
 		f.Close()
 	}
 	if srt != nil {
 		srt.closeChildEnds()
 	}
-	closers = []*os.File{stdinW, stdoutR, stderrR, syncW, errR}
-	if err := s.cg.Add(launcher); err != nil {
-		syscall.Kill(launcher, syscall.SIGKILL)
-		<-exitStatus
+	closers = []*os.File{stdinW, stdoutR, stderrR}
+	if err != nil {
 		return 0, err
 	}
-	step("cgroup")
-	// Let init exec the runtime (or bwrap); it closes errW on a successful
-	// exec.
-	if _, err := syncW.Write([]byte{0}); err != nil {
-		syscall.Kill(launcher, syscall.SIGKILL)
-		<-exitStatus
-		return 0, fmt.Errorf("release runtime: %w", err)
-	}
-	syncW.Close()
-	execErr, _ := io.ReadAll(io.LimitReader(errR, 4096))
-	errR.Close()
-	step("exec")
+	st.done("exec")
 
 	pid = launcher
 	nsInit := 0
-	if srt != nil && len(execErr) == 0 {
+	if srt != nil && execErr == "" {
 		nsInit, pid = srt.started()
-		step("sandbox")
+		st.done("sandbox")
 	}
-	startTime, _ := procstat.StartTime(pid)
-	now := time.Now()
-	s.mu.Lock()
-	s.pid, s.launcher, s.sandboxInit, s.startedAt, s.stdin = pid, launcher, nsInit, now, stdinW
-	s.mu.Unlock()
-
 	var copiers sync.WaitGroup
 	copiers.Add(2)
 	go s.copyOutput(stdoutR, outputlog.Stdout, &copiers)
 	go s.copyOutput(stderrR, outputlog.Stderr, &copiers)
-
-	if err := s.dir.WriteStatus(&session.Status{
-		Run: s.rec.Run, State: session.Running, PID: pid, PIDStartTime: startTime, ExitCode: 0, StartedAt: now,
-	}); err != nil {
-		s.log.WithError(err).Error("record running status")
-	}
-	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher, "steps": strings.Join(steps, ", ")}).Info("runtime started")
+	s.running(pid, launcher, nsInit, stdinW, st)
 
 	go func() {
 		ws := <-exitStatus
-		code, reason := exitCode(ws, string(execErr))
+		code, reason := exitCode(ws, execErr)
 		if srt != nil {
 			if c, r, ok := srt.exit(code); ok {
 				code, reason = c, r
@@ -220,7 +222,7 @@ func (s *service) launch() (pid int, retErr error) {
 		if srt != nil {
 			srt.stop()
 		}
-		s.finish(code, reason)
+		s.finish(session.Exited, code, reason)
 		if srt != nil {
 			// Placeholders go after the exit is reported: no one waits
 			// for them, and a session started meanwhile keeps them.
@@ -229,6 +231,40 @@ func (s *service) launch() (pid int, retErr error) {
 		close(s.cleanedUp)
 	}()
 	return pid, nil
+}
+
+// steps times the steps of a start, for the log: where a slow start goes.
+type steps struct {
+	mark time.Time
+	list []string
+}
+
+func (st *steps) done(name string) {
+	st.list = append(st.list, fmt.Sprintf("%s %v", name, time.Since(st.mark).Round(10*time.Microsecond)))
+	st.mark = time.Now()
+}
+
+func (st *steps) String() string { return strings.Join(st.list, ", ") }
+
+// stdinWriter is the runtime's stdin: a pipe, or a connection to the guest.
+type stdinWriter interface {
+	io.WriteCloser
+	SetWriteDeadline(time.Time) error
+}
+
+// running records that the run has started.
+func (s *service) running(pid, launcher, nsInit int, stdin stdinWriter, st *steps) {
+	startTime, _ := procstat.StartTime(pid)
+	now := time.Now()
+	s.mu.Lock()
+	s.pid, s.launcher, s.sandboxInit, s.startedAt, s.stdin = pid, launcher, nsInit, now, stdin
+	s.mu.Unlock()
+	if err := s.dir.WriteStatus(&session.Status{
+		Run: s.rec.Run, State: session.Running, PID: pid, PIDStartTime: startTime, StartedAt: now,
+	}); err != nil {
+		s.log.WithError(err).Error("record running status")
+	}
+	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher, "steps": st.String()}).Info("runtime started")
 }
 
 // sandboxSetupError marks an error building a boundary, in the words a
@@ -265,7 +301,7 @@ func exitCode(ws syscall.WaitStatus, execErr string) (int, string) {
 	return ws.ExitStatus(), ""
 }
 
-func (s *service) copyOutput(f *os.File, stream outputlog.Stream, wg *sync.WaitGroup) {
+func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.WaitGroup) {
 	defer wg.Done()
 	br := bufio.NewReaderSize(f, 32<<10)
 	buf := make([]byte, 32<<10)
@@ -314,12 +350,13 @@ func (s *service) endRun(pid int, outputs []*os.File, copiers *sync.WaitGroup) {
 	}
 }
 
-// finish records the exit (status.json first, so that it survives the shim)
-// and releases whoever waits for it.
-func (s *service) finish(code int, reason string) {
+// finish records the end of the run (status.json first, so that it
+// survives the shim) and releases whoever waits for it. state is exited, or
+// lost when the runtime's VM died under it.
+func (s *service) finish(state string, code int, reason string) {
 	s.mu.Lock()
 	st := &session.Status{
-		Run: s.rec.Run, State: session.Exited, PID: s.pid, ExitCode: code, Reason: reason,
+		Run: s.rec.Run, State: state, PID: s.pid, ExitCode: code, Reason: reason,
 		StartedAt: s.startedAt, ExitedAt: time.Now(),
 	}
 	s.mu.Unlock()

@@ -50,9 +50,10 @@ type service struct {
 	// passing it on, and takes the sandbox down at once.
 	sandboxInit int
 	startedAt   time.Time
-	stdin       *os.File
+	stdin       stdinWriter
 	stdinClosed bool
 	exit        *session.Status
+	vm          *vmRun // a microsandbox run's VM, once it runs
 }
 
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
@@ -91,7 +92,7 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	pid, err := s.launch()
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")
-		s.finish(-1, err.Error())
+		s.finish(session.Exited, -1, err.Error())
 		close(s.cleanedUp)
 		return nil, errdefs.ToStatus(err)
 	}
@@ -125,6 +126,15 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 	if sig == 0 {
 		sig = syscall.SIGKILL
 	}
+	s.mu.Lock()
+	vm, runningVM := s.vm, s.vm != nil && s.exit == nil
+	s.mu.Unlock()
+	if runningVM {
+		if err := vm.signal(sig, req.All); err != nil {
+			return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime in the VM: %w", err))
+		}
+		return &shimv1.KillResponse{}, nil
+	}
 	if req.All {
 		if !s.signalAll(sig) {
 			return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
@@ -149,11 +159,19 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 // on, taking the sandbox down at once. It reports whether a run was there.
 func (s *service) signalAll(sig syscall.Signal) bool {
 	s.mu.Lock()
-	pid, launcher, nsInit := s.pid, s.launcher, s.sandboxInit
+	pid, launcher, nsInit, vm := s.pid, s.launcher, s.sandboxInit, s.vm
 	running := s.status == shimv1.Status_RUNNING && s.exit == nil
 	s.mu.Unlock()
 	if !running || pid <= 1 {
 		return false
+	}
+	if vm != nil {
+		// The runtime is in the guest; if the agent does not answer, the
+		// VM goes.
+		if vm.signal(sig, true) != nil && sig == syscall.SIGKILL {
+			vm.killQEMU()
+		}
+		return true
 	}
 	targets := map[int]bool{}
 	if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {

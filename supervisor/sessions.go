@@ -138,8 +138,18 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		// The sandbox's only network is the policy proxy on its loopback.
 		spec.Env = mergeEnv(spec.Env, proxyEnv())
 	}
+	if a.Strategy == strategy.Microsandbox {
+		// cpus and memory size the VM; the cgroup keeps only its pids limit.
+		spec.Limits = session.Limits{Pids: int64(a.Resources.Pids)}
+		spec.Sandbox = s.sandboxSpec(a, agentDir)
+		vm, err := s.vmSpec(a, spec)
+		if err != nil {
+			return session.Spec{}, err
+		}
+		spec.VM = vm
+	}
 	if s.cgroups == nil {
-		if a.Resources.AsksForLimits() {
+		if spec.Limits != (session.Limits{}) {
 			return session.Spec{}, errdefs.FailedPrecondition(
 				"agent %s asks for limits (%s) but this daemon cannot apply them: %s", a.Name, describeLimits(spec.Limits), s.cgSupport.Reason)
 		}
@@ -275,6 +285,11 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 			}
 		}()
 	}
+	if rec.Spec.VM != nil {
+		if err := s.placeVM(rec); err != nil {
+			return err
+		}
+	}
 	if err := ss.dir.WriteRecord(rec); err != nil {
 		return err
 	}
@@ -403,6 +418,9 @@ func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
 		cg.Remove()
 	}
 	os.Remove(home.ShimSocket(s.socketDir, rec.ID, rec.Run))
+	if vm := rec.Spec.VM; vm != nil && vm.RunDir != "" {
+		os.RemoveAll(vm.RunDir)
+	}
 }
 
 // stopSession ends the run: SIGTERM to every process of the session, then
@@ -544,6 +562,9 @@ func (s *Supervisor) removeSession(id string, force bool) error {
 	}
 	rec := ss.record()
 	s.removeRunLeftovers(rec)
+	if err := os.RemoveAll(filepath.Join(s.layout.VMsDir(), ss.id)); err != nil {
+		s.sessionLog(ss).WithError(err).Warn("remove the session's VM")
+	}
 	trash := filepath.Join(s.layout.SessionsDir(), ".removing-"+ss.id)
 	if err := os.Rename(string(ss.dir), trash); err != nil {
 		return fmt.Errorf("remove session %s: %w", ss.id, err)

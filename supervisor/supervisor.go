@@ -35,6 +35,8 @@ type Options struct {
 	ConfigPath     string
 	RequireSandbox bool
 	ShimBinary     string
+	// ImageDir holds the default microsandbox image.
+	ImageDir string
 	// Listener is the admin socket when it was handed over (systemd socket
 	// activation, or a re-exec); nil makes the supervisor create it.
 	Listener net.Listener
@@ -124,7 +126,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	if err := s.loadConfig(); err != nil {
 		return nil, err
 	}
-	s.probes = probe.Run(s.cfg)
+	s.probes = probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir})
 	for _, r := range s.probes {
 		if r.Available {
 			log.WithField("strategy", r.Name).Info("strategy available")

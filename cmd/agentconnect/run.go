@@ -112,7 +112,7 @@ func runDaemon(g *globals, configPath string, requireSandbox bool) error {
 
 	handover, err := supervisor.Run(ctx, supervisor.Options{
 		Home: layout.Root, ConfigPath: configPath, RequireSandbox: requireSandbox,
-		ShimBinary: shimBinary, Listener: listener, Lock: lock, Args: os.Args, Log: log,
+		ShimBinary: shimBinary, ImageDir: findImageDir(), Listener: listener, Lock: lock, Args: os.Args, Log: log,
 		Ready: func() { daemon.SdNotify(false, daemon.SdNotifyReady) },
 	})
 	if err != nil {
@@ -176,6 +176,23 @@ func findShim() (string, error) {
 		return "", errors.New("agentconnect-shim is neither beside agentconnect nor on PATH: install both (make install)")
 	}
 	return p, nil
+}
+
+// findImageDir is where the default microsandbox image is: beside the
+// binary (make image puts it in bin/image), or where make install puts it
+// (PREFIX/share/agentconnect/image).
+func findImageDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "/usr/local/share/agentconnect/image"
+	}
+	dir := filepath.Dir(exe)
+	for _, d := range []string{filepath.Join(dir, "image"), filepath.Join(dir, "..", "share", "agentconnect", "image")} {
+		if _, err := os.Stat(filepath.Join(d, "image.json")); err == nil {
+			return d
+		}
+	}
+	return filepath.Join(dir, "..", "share", "agentconnect", "image")
 }
 
 // reexec replaces this process with a new daemon of the same arguments,

@@ -138,7 +138,7 @@ downloads nothing.`,
 			if requireSandbox {
 				cfg.RequireSandbox("--require-sandbox turns host off on this daemon")
 			}
-			results := probe.Run(cfg)
+			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir()})
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {

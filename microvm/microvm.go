@@ -1,0 +1,128 @@
+// Package microvm runs a session's VM on the host: its disks, its virtiofs
+// shares, and the QEMU command line, confined so that QEMU sees the session's
+// files and nothing else of the daemon's home.
+package microvm
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+)
+
+// Share is a host directory shared into the guest with virtiofs.
+type Share struct {
+	Tag      string `json:"tag"`
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readonly"`
+}
+
+// Config is one VM.
+type Config struct {
+	Kernel      string  `json:"kernel"`
+	Initrd      string  `json:"initrd"`
+	Rootfs      string  `json:"rootfs"`
+	ImageDigest string  `json:"imageDigest"`
+	CPUs        int     `json:"cpus"`
+	MemoryMiB   int     `json:"memoryMiB"`
+	DiskGiB     int     `json:"diskGiB"`
+	Accelerator string  `json:"accelerator"` // kvm or tcg
+	Transport   string  `json:"transport"`   // vsock or serial
+	Shares      []Share `json:"shares"`
+	// Dir holds the VM's disks; it is the VM's identity directory.
+	Dir string `json:"dir"`
+	// RunDir holds its sockets (short paths).
+	RunDir string `json:"runDir"`
+	// CID is the guest's vsock context id, with the vsock transport.
+	CID uint32 `json:"cid"`
+	// Hidden are directories QEMU and virtiofsd may not see (the daemon's
+	// home), apart from the VM's own files.
+	Hidden []string `json:"hidden"`
+}
+
+// Identity is the hash of everything that makes a VM what it is: the image
+// content, its size, its mounts and its credential layout. A VM whose
+// identity changed is rebuilt (new disks); one whose identity is the same
+// keeps its disks across stop and resume, even under a new image tag.
+func Identity(c Config) string {
+	type share struct {
+		Source, Target string
+		ReadOnly       bool
+	}
+	id := struct {
+		Image              string
+		CPUs, Memory, Disk int
+		Shares             []share
+		CredentialLayout   int
+	}{Image: c.ImageDigest, CPUs: c.CPUs, Memory: c.MemoryMiB, Disk: c.DiskGiB, CredentialLayout: 1}
+	for _, s := range c.Shares {
+		id.Shares = append(id.Shares, share{s.Source, s.Target, s.ReadOnly})
+	}
+	data, _ := json.Marshal(id)
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// Disk names: each is a file in Dir and the serial the guest finds it by.
+const (
+	DiskUpper  = "upper"  // the root overlay's writable layer
+	DiskDocker = "docker" // /var/lib/docker
+	DiskRoot   = "root"   // the image, read-only
+)
+
+// Sockets in RunDir.
+func (c Config) agentSocket() string      { return c.RunDir + "/agent.sock" }
+func (c Config) netSocket() string        { return c.RunDir + "/net.sock" }
+func (c Config) shareSocket(i int) string { return c.RunDir + "/fs" + strconv.Itoa(i) + ".sock" }
+
+// QEMUArgs is the QEMU command line for c, after the binary's name.
+func (c Config) QEMUArgs() []string {
+	mem := strconv.Itoa(c.MemoryMiB)
+	cmdline := "console=ttyS0 quiet panic=-1 agentconnect.transport=" + c.Transport
+	args := []string{
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-M", "q35", "-smp", strconv.Itoa(c.CPUs), "-m", mem,
+		// virtiofs needs the guest's memory shared with virtiofsd.
+		"-object", "memory-backend-memfd,id=mem,size=" + mem + "M,share=on", "-machine", "memory-backend=mem",
+		"-kernel", c.Kernel, "-initrd", c.Initrd,
+		"-serial", "file:" + c.Dir + "/console.log",
+		// QEMU's own seccomp sandbox: no new privileges, no spawning.
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+	}
+	// Entropy from the host, so that nothing in the guest blocks for it.
+	args = append(args, "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0")
+	if c.Accelerator == "kvm" {
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	} else {
+		args = append(args, "-accel", "tcg")
+	}
+	for _, d := range []struct {
+		name, file string
+		readonly   bool
+	}{{DiskRoot, c.Rootfs, true}, {DiskUpper, c.Dir + "/" + DiskUpper + ".img", false}, {DiskDocker, c.Dir + "/" + DiskDocker + ".img", false}} {
+		drive := "file=" + d.file + ",format=raw,if=none,id=" + d.name + ",cache=unsafe"
+		if d.readonly {
+			drive = "file=" + d.file + ",format=raw,if=none,id=" + d.name + ",readonly=on"
+		}
+		args = append(args, "-drive", drive, "-device", "virtio-blk-pci,drive="+d.name+",serial="+d.name)
+	}
+	for i, s := range c.Shares {
+		id := "fs" + strconv.Itoa(i)
+		args = append(args, "-chardev", "socket,id="+id+",path="+c.shareSocket(i),
+			"-device", "vhost-user-fs-pci,chardev="+id+",tag="+s.Tag)
+	}
+	if c.Transport == "vsock" {
+		args = append(args, "-device", fmt.Sprintf("vhost-vsock-pci,guest-cid=%d", c.CID))
+	} else {
+		args = append(args, "-device", "virtio-serial-pci",
+			"-chardev", "socket,id=agent,path="+c.agentSocket()+",server=on,wait=off",
+			"-device", "virtserialport,chardev=agent,name=agentconnect")
+	}
+	// The NIC: QEMU connects to the shim's user-mode network stack, which
+	// judges every connection; never QEMU's own -netdev user.
+	args = append(args, "-netdev", "stream,id=n0,server=off,addr.type=unix,addr.path="+c.netSocket(),
+		"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:12:34:56")
+	return append(args, "-append", cmdline)
+}

@@ -1,0 +1,439 @@
+package shim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+
+	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
+	"github.com/agentconnect-md/agentconnect/microvm"
+	"github.com/agentconnect-md/agentconnect/netpolicy"
+	"github.com/agentconnect-md/agentconnect/outputlog"
+	"github.com/agentconnect-md/agentconnect/proxy"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/vmnet"
+	"github.com/agentconnect-md/agentconnect/vmtransport"
+)
+
+const (
+	// bootTimeout bounds the wait for the guest agent to answer: TCG boots
+	// in a few seconds, KVM in well under one.
+	bootTimeout = 2 * time.Minute
+	// vmCallTimeout bounds a call to the guest agent.
+	vmCallTimeout = 30 * time.Second
+	// poweroffTimeout bounds the wait for QEMU to exit after Shutdown.
+	poweroffTimeout = 15 * time.Second
+	// runtimeID names the runtime's process in the guest.
+	runtimeID = "runtime"
+)
+
+// vmRun is the shim's side of one microsandbox run: the VM's devices on
+// the host, its network, and the connection to its guest agent.
+type vmRun struct {
+	cfg        microvm.Config
+	tools      microvm.Tools
+	network    *vmnet.Network
+	netL       net.Listener
+	violations *violationLog
+	helpers    []int // virtiofsd processes
+	launcher   int   // init, then bwrap around QEMU: killing it ends the VM
+	serial     *vmtransport.SerialClient
+	dialer     vmtransport.Dialer
+	client     *ttrpc.Client
+	agent      vmagentv1.VMAgentService
+
+	mu      sync.Mutex // guards qemuErr
+	qemuErr strings.Builder
+}
+
+// launchVM boots the session's VM and runs the runtime in it.
+func (s *service) launchVM() (pid int, retErr error) {
+	spec := s.rec.Spec
+	vm := &vmRun{cfg: *spec.VM}
+	st := &steps{mark: time.Now()}
+	defer func() {
+		if retErr != nil {
+			vm.stop()
+		}
+	}()
+	var err error
+	if vm.tools, err = microvm.FindTools(); err != nil {
+		return 0, sandboxSetupError(err)
+	}
+	if err := microvm.PrepareDisks(vm.cfg); err != nil {
+		return 0, sandboxSetupError(err)
+	}
+	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
+		return 0, sandboxSetupError(err)
+	}
+	if err := s.startVMNetwork(vm); err != nil {
+		return 0, sandboxSetupError(err)
+	}
+	for i := range vm.cfg.Shares {
+		if err := s.startVirtiofsd(vm, i); err != nil {
+			return 0, sandboxSetupError(err)
+		}
+	}
+	st.done("devices")
+
+	// QEMU's stderr tells why it failed, when it does.
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	go vm.collectQEMUErrors(stderrR)
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		stderrW.Close()
+		return 0, err
+	}
+	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
+	launcher, exitStatus, execErr, err := s.startInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		[3]*os.File{devnull, devnull, stderrW}, nil)
+	devnull.Close()
+	stderrW.Close()
+	if err != nil {
+		return 0, sandboxSetupError(err)
+	}
+	if execErr != "" {
+		return 0, sandboxSetupError(errors.New(execErr))
+	}
+	vm.launcher = launcher
+	st.done("qemu")
+	fail := func(err error) (int, error) {
+		syscall.Kill(launcher, syscall.SIGKILL)
+		<-exitStatus
+		if msg := vm.qemuErrors(); msg != "" {
+			err = fmt.Errorf("%w; qemu: %s", err, msg)
+		}
+		return 0, sandboxSetupError(err)
+	}
+	if err := vm.connect(exitStatus); err != nil {
+		return fail(err)
+	}
+	st.done("boot")
+	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
+	defer cancel()
+	if _, err := vm.agent.Setup(ctx, vm.setupRequest()); err != nil {
+		return fail(fmt.Errorf("guest setup: %w", err))
+	}
+	st.done("setup")
+
+	stdin, stdout, stderr, err := vm.openStdio(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: spec.Env, Cwd: spec.Workspace,
+		Stdin: true, Stdout: true, Stderr: true}); err != nil {
+		stdin.Close()
+		stdout.Close()
+		stderr.Close()
+		return fail(fmt.Errorf("start the runtime in the guest: %w", err))
+	}
+	var copiers sync.WaitGroup
+	copiers.Add(2)
+	go s.copyOutput(stdout, outputlog.Stdout, &copiers)
+	go s.copyOutput(stderr, outputlog.Stderr, &copiers)
+	s.mu.Lock()
+	s.vm = vm
+	s.mu.Unlock()
+	s.running(launcher, launcher, 0, stdin, st)
+
+	go func() {
+		state, code, reason := vm.wait(exitStatus, &copiers)
+		s.mu.Lock()
+		stdinNow := s.stdin
+		s.stdinClosed = true
+		s.mu.Unlock()
+		if stdinNow != nil {
+			stdinNow.Close()
+		}
+		vm.stop()
+		s.finish(state, code, reason)
+		close(s.cleanedUp)
+	}()
+	return launcher, nil
+}
+
+// startVMNetwork listens where QEMU's NIC connects and serves the VM's
+// user-mode network, judged by the session's policy.
+func (s *service) startVMNetwork(vm *vmRun) error {
+	sb := s.rec.Spec.Sandbox
+	policy, err := netpolicy.New(sb.AllowedDomains, sb.DeniedDomains)
+	if err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	if vm.violations, err = openViolationLog(s.dir.ViolationsPath()); err != nil {
+		return err
+	}
+	vm.network, err = vmnet.New(vmnet.Config{
+		Policy:   policy,
+		Resolver: resolver(sb.Resolver),
+		OnViolation: func(v vmnet.Violation) {
+			vm.violations.add(proxy.Violation{Time: v.Time, Protocol: v.Protocol, Host: v.Host, Port: v.Port, Addr: v.Addr, Reason: v.Reason})
+			s.log.WithField("host", v.Host).Warnf("network refused: %s", v.Reason)
+		},
+		Logf: s.log.Debugf,
+	})
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	os.Remove(vm.cfg.NetSocket())
+	// Listen before QEMU starts: its stream netdev never reconnects.
+	vm.netL, err = net.Listen("unix", vm.cfg.NetSocket())
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	go func() {
+		c, err := vm.netL.Accept()
+		if err != nil {
+			return
+		}
+		vm.network.ServeQEMU(context.Background(), c)
+	}()
+	return nil
+}
+
+// startVirtiofsd starts the daemon serving share i. A read-only share is
+// served from a read-only bind of its source, in a mount namespace of its
+// own, so that not even the guest's root can write through it.
+func (s *service) startVirtiofsd(vm *vmRun, i int) error {
+	sh := vm.cfg.Shares[i]
+	sock := vm.cfg.ShareSocket(i)
+	os.Remove(sock)
+	args := vm.cfg.VirtiofsdArgs(vm.tools.Virtiofsd, i)
+	path := vm.tools.Virtiofsd
+	attr := &os.ProcAttr{Files: []*os.File{nil, os.Stderr, os.Stderr}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
+	if sh.ReadOnly {
+		path = "/proc/self/exe"
+		args = append([]string{"agentconnect-shim", "readonly-exec", sh.Source, "--"}, args...)
+		attr.Sys = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	}
+	pid, _, err := s.spawn(path, args, attr)
+	if err != nil {
+		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
+	}
+	vm.helpers = append(vm.helpers, pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("virtiofsd for %s did not listen on %s (see shim.log)", sh.Source, sock)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// connect reaches the guest agent, retrying while the guest boots, until
+// Health answers, QEMU exits, or bootTimeout passes.
+func (vm *vmRun) connect(qemuExit <-chan syscall.WaitStatus) error {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-qemuExit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if vm.cfg.Transport == "vsock" {
+		vm.dialer = vmtransport.VsockDialer{CID: vm.cfg.CID, Port: vmtransport.DefaultPort}
+	} else {
+		var err error
+		for {
+			vm.serial, err = vmtransport.NewSerialClient(ctx, vm.cfg.AgentSocket())
+			if err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("connect to the VM's serial port: %w", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		vm.dialer = vm.serial
+	}
+	for {
+		conn, err := vmtransport.DialWithRetry(ctx, vm.dialer, 100*time.Millisecond)
+		if err != nil {
+			return fmt.Errorf("the guest agent did not answer: %w", err)
+		}
+		if err := vmtransport.WritePreface(conn, vmtransport.KindTTRPC, ""); err != nil {
+			conn.Close()
+			continue
+		}
+		client := ttrpc.NewClient(conn)
+		agent := vmagentv1.NewVMAgentClient(client)
+		hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = agent.Health(hctx, &vmagentv1.HealthRequest{})
+		hcancel()
+		if err == nil {
+			vm.client, vm.agent = client, agent
+			return nil
+		}
+		client.Close()
+		if ctx.Err() != nil {
+			return fmt.Errorf("the guest agent did not answer: %w", err)
+		}
+	}
+}
+
+func (vm *vmRun) setupRequest() *vmagentv1.SetupRequest {
+	req := &vmagentv1.SetupRequest{
+		Root:    &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
+		Upper:   &vmagentv1.Disk{Serial: microvm.DiskUpper},
+		Docker:  &vmagentv1.Disk{Serial: microvm.DiskDocker},
+		Network: &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
+	}
+	for _, sh := range vm.cfg.Shares {
+		req.Shares = append(req.Shares, &vmagentv1.Share{Tag: sh.Tag, Target: sh.Target, Readonly: sh.ReadOnly})
+	}
+	return req
+}
+
+// openStdio opens the runtime's three stdio streams before Exec.
+func (vm *vmRun) openStdio(ctx context.Context) (stdin, stdout, stderr net.Conn, err error) {
+	var conns []net.Conn
+	for _, kind := range []string{vmtransport.KindStdin, vmtransport.KindStdout, vmtransport.KindStderr} {
+		c, err := vm.dialer.Dial(ctx)
+		if err == nil {
+			err = vmtransport.WritePreface(c, kind, runtimeID)
+		}
+		if err != nil {
+			for _, o := range conns {
+				o.Close()
+			}
+			return nil, nil, nil, fmt.Errorf("open the runtime's %s: %w", kind, err)
+		}
+		conns = append(conns, c)
+	}
+	return conns[0], conns[1], conns[2], nil
+}
+
+// wait follows the run to its end: the runtime's exit reported by the
+// guest agent, then a clean power-off; or QEMU dying under it, which loses
+// the session.
+func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGroup) (state string, code int, reason string) {
+	type result struct {
+		resp *vmagentv1.WaitResponse
+		err  error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		resp, err := vm.agent.Wait(context.Background(), &vmagentv1.WaitRequest{Id: runtimeID})
+		waited <- result{resp, err}
+	}()
+	select {
+	case r := <-waited:
+		if r.err == nil {
+			waitCopiers(copiers, drainTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
+			vm.agent.Shutdown(ctx, &vmagentv1.ShutdownRequest{})
+			cancel()
+			select {
+			case <-qemuExit:
+			case <-time.After(poweroffTimeout):
+				vm.killQEMU()
+				<-qemuExit
+			}
+			return session.Exited, int(r.resp.ExitCode), r.resp.Reason
+		}
+		ws := <-qemuExit
+		return session.Lost, -1, vm.deathReason(ws)
+	case ws := <-qemuExit:
+		return session.Lost, -1, vm.deathReason(ws)
+	}
+}
+
+func waitCopiers(wg *sync.WaitGroup, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
+}
+
+// deathReason says how QEMU ended, when it ended before the runtime.
+func (vm *vmRun) deathReason(ws syscall.WaitStatus) string {
+	how := fmt.Sprintf("exited with status %d", ws.ExitStatus())
+	if ws.Signaled() {
+		how = fmt.Sprintf("was killed by signal %d (%s)", int(ws.Signal()), unix.SignalName(ws.Signal()))
+	}
+	reason := "the VM stopped before its runtime: QEMU " + how
+	if msg := vm.qemuErrors(); msg != "" {
+		reason += ": " + msg
+	}
+	return reason
+}
+
+func (vm *vmRun) collectQEMUErrors(r *os.File) {
+	defer r.Close()
+	sc := bufio.NewScanner(io.LimitReader(r, 64<<10))
+	for sc.Scan() {
+		vm.mu.Lock()
+		if vm.qemuErr.Len() < 2048 {
+			vm.qemuErr.WriteString(strings.TrimSpace(sc.Text()) + "; ")
+		}
+		vm.mu.Unlock()
+	}
+}
+
+func (vm *vmRun) qemuErrors() string {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return strings.TrimSuffix(vm.qemuErr.String(), "; ")
+}
+
+// signal passes a signal to the runtime in the guest (all: every process
+// the guest agent started).
+func (vm *vmRun) signal(sig syscall.Signal, all bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
+	defer cancel()
+	_, err := vm.agent.Signal(ctx, &vmagentv1.SignalRequest{Id: runtimeID, Signal: uint32(sig), All: all})
+	return err
+}
+
+// killQEMU ends the VM at once, from the host: bwrap takes QEMU with it.
+func (vm *vmRun) killQEMU() {
+	if vm.launcher > 1 {
+		syscall.Kill(vm.launcher, syscall.SIGKILL)
+	}
+}
+
+// stop releases the run's host side: the agent connection, the network,
+// virtiofsd, the sockets. The disks stay, for a resume.
+func (vm *vmRun) stop() {
+	if vm.client != nil {
+		vm.client.Close()
+	}
+	if vm.serial != nil {
+		vm.serial.Close()
+	}
+	if vm.netL != nil {
+		vm.netL.Close()
+	}
+	if vm.network != nil {
+		vm.network.Close()
+	}
+	for _, p := range vm.helpers {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if vm.violations != nil {
+		vm.violations.close()
+	}
+	os.RemoveAll(vm.cfg.RunDir)
+}

@@ -1,0 +1,88 @@
+package supervisor
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/agentconnect-md/agentconnect/agent"
+	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/microvm"
+	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/vmimage"
+)
+
+// vmSpec is the VM a microsandbox session of a runs in: the daemon's VM
+// settings with the agent's overrides, the image (the default one, or the
+// configured one prepared on first use), and the agent's directories and
+// mounts as virtiofs shares at their host paths.
+func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, error) {
+	settings := s.cfg.VM
+	vm := &microvm.Config{
+		CPUs: settings.CPUs, MemoryMiB: settings.MemoryMiB, DiskGiB: settings.DiskGiB,
+		Accelerator: settings.Accelerator, Transport: settings.Transport,
+		Hidden: []string{s.opts.Home},
+	}
+	if a.Resources.CPUs > 0 {
+		vm.CPUs = a.Resources.CPUs
+	}
+	if a.Resources.MemoryMiB > 0 {
+		vm.MemoryMiB = a.Resources.MemoryMiB
+	}
+	if a.Resources.DiskGiB > 0 {
+		vm.DiskGiB = a.Resources.DiskGiB
+	}
+	if vm.MemoryMiB < 128 {
+		return nil, errdefs.InvalidArgument("agent %s: a VM needs at least 128 MiB of memory, not %d", a.Name, vm.MemoryMiB)
+	}
+	base, err := vmimage.Default(s.opts.ImageDir)
+	if err != nil {
+		return nil, errdefs.FailedPrecondition("%v", err)
+	}
+	img := base
+	if settings.Image != "" {
+		store := &vmimage.Store{Dir: s.layout.ImagesDir(), Base: base, Logf: s.log.Infof}
+		if img, err = store.Prepare(s.ctx, settings.Image); err != nil {
+			return nil, errdefs.FailedPrecondition("sandbox.microsandbox.image %s: %v", settings.Image, err)
+		}
+	}
+	vm.Kernel, vm.Initrd, vm.Rootfs, vm.ImageDigest = img.Kernel, img.Initrd, img.Rootfs, img.Digest
+	for i, d := range []string{spec.Workspace, spec.Home, spec.Memory, spec.Tmp} {
+		vm.Shares = append(vm.Shares, microvm.Share{Tag: []string{"workspace", "home", "memory", "tmp"}[i], Source: d, Target: d})
+	}
+	for i, m := range a.Mounts {
+		vm.Shares = append(vm.Shares, microvm.Share{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	return vm, nil
+}
+
+// placeVM gives a run of a VM session its directories: its disks in
+// vms/<session>/<identity>, kept across stop and resume while the identity
+// holds and replaced (the VM rebuilt) when it changes; its sockets in a
+// short runtime directory.
+func (s *Supervisor) placeVM(rec *session.Record) error {
+	vm := rec.Spec.VM
+	id := microvm.Identity(*vm)
+	base := filepath.Join(s.layout.VMsDir(), rec.ID)
+	entries, _ := os.ReadDir(base)
+	for _, e := range entries {
+		if e.Name() != id {
+			s.log.WithFields(map[string]any{"session": rec.ID, "old": e.Name(), "new": id}).Info("VM identity changed: rebuilding the VM")
+			if err := os.RemoveAll(filepath.Join(base, e.Name())); err != nil {
+				return fmt.Errorf("remove the old VM: %w", err)
+			}
+		}
+	}
+	vm.Dir = filepath.Join(base, id)
+	runDir, err := s.layout.RunDirFor(fmt.Sprintf("%s/%d", rec.ID, rec.Run))
+	if err != nil {
+		return err
+	}
+	vm.RunDir = runDir
+	sum := sha256.Sum256([]byte(rec.ID))
+	vm.CID = 3 + binary.BigEndian.Uint32(sum[:4])%(1<<30) // 0-2 are reserved
+	return nil
+}
