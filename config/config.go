@@ -24,6 +24,9 @@ type VM struct {
 	Image       string `json:"image"`       // empty: the default image
 	Accelerator string `json:"accelerator"` // kvm or tcg
 	Transport   string `json:"transport"`   // vsock or serial
+	// Resolver is the DNS server ("IP:port") the VMs' network asks for
+	// the guests' names; empty: the system's resolver.
+	Resolver string `json:"resolver"`
 }
 
 // SRT holds the srt settings.
@@ -199,11 +202,7 @@ func (p *parser) srt(v any) {
 			name := "sandbox.srt." + key
 			switch key {
 			case "resolver":
-				r := p.str(name, v[key])
-				if _, err := netip.ParseAddrPort(r); err != nil && p.err == nil {
-					p.fail(name, "want an IP address and port such as \"127.0.0.1:53\", got %q", r)
-				}
-				p.c.SRT.Resolver = r
+				p.c.SRT.Resolver = p.resolver(name, v[key])
 			default:
 				p.unknown(name)
 			}
@@ -211,6 +210,15 @@ func (p *parser) srt(v any) {
 		return
 	}
 	p.fail("sandbox.srt", "want true, false or an object of srt settings, got %s", describe(v))
+}
+
+// resolver reads a DNS server address, "IP:port".
+func (p *parser) resolver(name string, v any) string {
+	r := p.str(name, v)
+	if _, err := netip.ParseAddrPort(r); err != nil && p.err == nil {
+		p.fail(name, "want an IP address and port such as \"127.0.0.1:53\", got %q", r)
+	}
+	return r
 }
 
 func (p *parser) microsandbox(v any) {
@@ -239,6 +247,8 @@ func (p *parser) microsandbox(v any) {
 				vm.Accelerator = p.oneOf(name, v[key], "kvm", "tcg")
 			case "transport":
 				vm.Transport = p.oneOf(name, v[key], "vsock", "serial")
+			case "resolver":
+				vm.Resolver = p.resolver(name, v[key])
 			default:
 				p.unknown(name)
 			}

@@ -40,9 +40,9 @@ func TestParseRules(t *testing.T) {
 		},
 		{
 			name: "microsandbox object offers it with settings",
-			json: `{"sandbox": {"microsandbox": {"cpus": 4, "memoryMiB": 4096, "diskGiB": 20, "image": "registry.example.com/x:y", "accelerator": "tcg", "transport": "serial"}}}`,
+			json: `{"sandbox": {"microsandbox": {"cpus": 4, "memoryMiB": 4096, "diskGiB": 20, "image": "registry.example.com/x:y", "accelerator": "tcg", "transport": "serial", "resolver": "127.0.0.1:5353"}}}`,
 			host: true, srt: true, ms: true,
-			vm: VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial"},
+			vm: VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial", Resolver: "127.0.0.1:5353"},
 		},
 		{
 			name: "partial microsandbox object keeps other defaults", json: `{"sandbox": {"microsandbox": {"memoryMiB": 512}}}`,
@@ -82,6 +82,7 @@ func TestParseRules(t *testing.T) {
 		{name: "disk negative", json: `{"sandbox": {"microsandbox": {"diskGiB": -1}}}`, wantErr: "sandbox.microsandbox.diskGiB"},
 		{name: "bad accelerator", json: `{"sandbox": {"microsandbox": {"accelerator": "hvf"}}}`, wantErr: `sandbox.microsandbox.accelerator: want "kvm" or "tcg"`},
 		{name: "bad transport", json: `{"sandbox": {"microsandbox": {"transport": "tcp"}}}`, wantErr: "sandbox.microsandbox.transport"},
+		{name: "microsandbox bad resolver", json: `{"sandbox": {"microsandbox": {"resolver": "127.0.0.1"}}}`, wantErr: "sandbox.microsandbox.resolver: want an IP address and port"},
 		{name: "empty image", json: `{"sandbox": {"microsandbox": {"image": ""}}}`, wantErr: "sandbox.microsandbox.image"},
 		{name: "bad backend", json: `{"sandbox": {"backend": "docker"}}`, wantErr: "sandbox.backend"},
 		{name: "requireSandbox wrong type", json: `{"security": {"requireSandbox": "true"}}`, wantErr: "security.requireSandbox: want true or false"},

@@ -144,6 +144,7 @@ type daemon struct {
 	t    testing.TB
 	home string
 	args []string
+	bin  string              // the agentconnect binary; "" for agentconnect()
 	cred *syscall.Credential // run as this user; nil for the test's
 	cmd  *exec.Cmd
 	log  *os.File
@@ -172,7 +173,11 @@ func (d *daemon) start() {
 		d.t.Fatal(err)
 	}
 	d.log = log
-	d.cmd = exec.Command(agentconnect(), append([]string{"--home", d.home, "run"}, d.args...)...)
+	bin := d.bin
+	if bin == "" {
+		bin = agentconnect()
+	}
+	d.cmd = exec.Command(bin, append([]string{"--home", d.home, "run"}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = log, log
 	if d.cred != nil {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: d.cred}

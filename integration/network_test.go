@@ -23,16 +23,19 @@ import (
 // internet: a veth pair, 198.51.100.1 on the host's side and 198.51.100.2
 // inside, where an HTTP server answers on port 8080. 198.51.100.0/24 is a
 // documentation range, which the policy treats as public; no real public
-// address is ever used.
+// address is ever used. The same server answers on a private address,
+// 10.199.0.2, which the policy refuses without an entry.
 type publicNet struct {
 	name string
 	srv  *exec.Cmd
 }
 
 const (
-	publicHostIP   = "198.51.100.1"
-	publicServerIP = "198.51.100.2"
-	publicPort     = 8080
+	publicHostIP    = "198.51.100.1"
+	publicServerIP  = "198.51.100.2"
+	publicPort      = 8080
+	privateHostIP   = "10.199.0.1"
+	privateServerIP = "10.199.0.2"
 )
 
 func startPublicNet(t *testing.T) {
@@ -55,14 +58,16 @@ func startPublicNet(t *testing.T) {
 	t.Cleanup(func() { exec.Command("ip", "link", "delete", host).Run() })
 	sh("link", "set", peer, "netns", p.name)
 	sh("addr", "add", publicHostIP+"/24", "dev", host)
+	sh("addr", "add", privateHostIP+"/24", "dev", host)
 	sh("link", "set", host, "up")
 	sh("-n", p.name, "addr", "add", publicServerIP+"/24", "dev", peer)
+	sh("-n", p.name, "addr", "add", privateServerIP+"/24", "dev", peer)
 	sh("-n", p.name, "link", "set", peer, "up")
 	sh("-n", p.name, "link", "set", "lo", "up")
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "index.html"), []byte("public hello\n"), 0o644)
 	p.srv = exec.Command("ip", "netns", "exec", p.name, "python3", "-m", "http.server", strconv.Itoa(publicPort),
-		"--bind", publicServerIP, "--directory", dir)
+		"--directory", dir)
 	if err := p.srv.Start(); err != nil {
 		t.Fatal(err)
 	}

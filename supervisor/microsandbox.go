@@ -46,7 +46,7 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, 
 	if settings.Image != "" {
 		store := &vmimage.Store{Dir: s.layout.ImagesDir(), Base: base, Logf: s.log.Infof}
 		if img, err = store.Prepare(s.ctx, settings.Image); err != nil {
-			return nil, errdefs.FailedPrecondition("sandbox.microsandbox.image %s: %v", settings.Image, err)
+			return nil, errdefs.FailedPrecondition("sandbox.microsandbox.image: %v", err)
 		}
 	}
 	vm.Kernel, vm.Initrd, vm.Rootfs, vm.ImageDigest = img.Kernel, img.Initrd, img.Rootfs, img.Digest

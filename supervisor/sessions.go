@@ -142,6 +142,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		// cpus and memory size the VM; the cgroup keeps only its pids limit.
 		spec.Limits = session.Limits{Pids: int64(a.Resources.Pids)}
 		spec.Sandbox = s.sandboxSpec(a, agentDir)
+		spec.Sandbox.Resolver = s.cfg.VM.Resolver
 		vm, err := s.vmSpec(a, spec)
 		if err != nil {
 			return session.Spec{}, err
