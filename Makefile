@@ -47,7 +47,7 @@ demo: deps build image
 
 # Measurements, side by side with the reference sandbox-runtime (srt from
 # npm, installed into bin/tools by scripts/bench-deps.sh).
-bench: deps build
+bench: deps build image
 	./scripts/bench-deps.sh
 	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench
 

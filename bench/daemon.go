@@ -49,6 +49,11 @@ type daemon struct {
 	// before its first session.
 	srtAgentDir string
 	srtBaseline map[string]string
+
+	// vmUnavailable says why the microsandbox measurements cannot run, or
+	// is "". vmAgentDirs maps each microsandbox agent to its directory.
+	vmUnavailable string
+	vmAgentDirs   map[string]string
 }
 
 func (d *daemon) path(name string) string { return filepath.Join(d.bin, name) }

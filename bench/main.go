@@ -3,12 +3,16 @@
 // `agentconnect exec`, and the srt strategy: exec of true next to Anthropic's
 // sandbox-runtime (`srt true`) and a bare bwrap, the memory of an srt session,
 // and many srt sessions started, stopped and removed at once with nothing
-// left behind. It prints a table of measured numbers next to their goals and
-// never fails on a threshold (it exits 1 when a measurement fails, or when
-// sessions leave something behind).
+// left behind; and the microsandbox strategy under TCG with the serial
+// transport: boot to the guest agent's answer, start to the first output
+// byte, and the host memory of an idle VM session at several memoryMiB. It
+// prints a table of measured numbers next to their goals and never fails on
+// a threshold (it exits 1 when a measurement fails, or when sessions leave
+// something behind).
 //
 //	./scripts/bench-deps.sh   # the reference srt, into bin/tools/sandbox-runtime
-//	AGENTCONNECT_BIN=$PWD/bin go run ./bench [-n N | -quick] [-json] [-srt PATH]
+//	make image                # the guest image, into bin/image
+//	AGENTCONNECT_BIN=$PWD/bin go run ./bench [-n N | -quick] [-json] [-srt PATH] [-only host,srt,microsandbox]
 //
 // It starts its own daemon in a temporary home, under a child subreaper
 // that reaps (the PID 1 of some machines does not, and shims are reparented
@@ -27,6 +31,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -46,7 +51,29 @@ var (
 	flagJSON  = flag.Bool("json", false, "also print the results as JSON")
 	flagLog   = flag.String("daemon-log", "", "keep a copy of the daemon's log in `FILE`")
 	flagSrt   = flag.String("srt", "", "`PATH` to the reference sandbox-runtime CLI (default: $AGENTCONNECT_BIN/tools/sandbox-runtime/node_modules/.bin/srt, where scripts/bench-deps.sh installs it)")
+	flagOnly  = flag.String("only", "", "run only the measurements of these `GROUPS`, comma-separated: "+strings.Join(groups, ", ")+" (default: all)")
 )
+
+// groups name the sets of measurements -only selects.
+var groups = []string{"host", "srt", "microsandbox"}
+
+// selectedGroups returns the groups -only names, or all of them.
+func selectedGroups() ([]string, error) {
+	if *flagOnly == "" {
+		return groups, nil
+	}
+	var out []string
+	for _, g := range strings.Split(*flagOnly, ",") {
+		g = strings.TrimSpace(g)
+		if !slices.Contains(groups, g) {
+			return nil, fmt.Errorf("-only: unknown group %q; the groups are %s", g, strings.Join(groups, ", "))
+		}
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out, nil
+}
 
 func main() {
 	flag.Parse()
@@ -73,6 +100,10 @@ type counts struct {
 	SrtExecs        int `json:"srtExecs"`        // rounds of srt-strategy exec, srt and bwrap runs
 	SrtSessions     int `json:"srtSessions"`     // idle srt sessions whose memory is read
 	SrtConcurrent   int `json:"srtConcurrent"`   // srt sessions started, stopped and removed at once
+	VMStarts        int `json:"vmStarts"`        // microsandbox starts timed to the first byte
+	// VMMemoryMiB are the memoryMiB of the idle VM sessions whose host
+	// memory is read, one session each.
+	VMMemoryMiB []int `json:"vmMemoryMiB"`
 }
 
 func scaled() counts {
@@ -93,6 +124,8 @@ func scaled() counts {
 		SrtExecs:        div(30, 5),
 		SrtSessions:     div(10, 2),
 		SrtConcurrent:   div(100, 10),
+		VMStarts:        div(10, 3),
+		VMMemoryMiB:     []int{512, 1024, 2048},
 	}
 }
 
@@ -105,6 +138,11 @@ func run() int {
 	}
 	binDir, _ = filepath.Abs(binDir)
 	c := scaled()
+	selected, err := selectedGroups()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -123,6 +161,12 @@ func run() int {
 	}
 	d := &daemon{bin: binDir, home: home}
 	defer os.RemoveAll(home)
+	// Whatever the groups, so that the daemon (and its startup probes)
+	// is the same in every run.
+	if err := os.WriteFile(filepath.Join(home, "config.json"), []byte(vmConfig), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
 	if _, err := d.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		d.stop()
@@ -135,27 +179,33 @@ func run() int {
 		return 1
 	}
 
-	rep := &report{Machine: machineInfo(ctx, d), Counts: c}
+	rep := &report{Machine: machineInfo(ctx, d), Counts: c, Groups: selected}
 	begin := time.Now()
 	steps := []struct {
-		name string
-		fn   func(context.Context, *daemon, counts, *report) error
+		group, name string
+		fn          func(context.Context, *daemon, counts, *report) error
 	}{
-		{"session start to first byte", benchStartLatency},
-		{"idle shim memory", benchShimMemory},
-		{"supervisor restart", benchRestart},
-		{"exec", benchExec},
-		{"srt exec vs sandbox-runtime vs bwrap", benchSrtExec},
-		{"srt session memory", benchSrtMemory},
-		{"concurrent srt sessions", benchSrtConcurrent},
+		{"host", "session start to first byte", benchStartLatency},
+		{"host", "idle shim memory", benchShimMemory},
+		{"host", "supervisor restart", benchRestart},
+		{"host", "exec", benchExec},
+		{"srt", "srt exec vs sandbox-runtime vs bwrap", benchSrtExec},
+		{"srt", "srt session memory", benchSrtMemory},
+		{"srt", "concurrent srt sessions", benchSrtConcurrent},
+		{"microsandbox", "microsandbox start", benchVMStart},
+		{"microsandbox", "microsandbox session memory", benchVMMemory},
 	}
 	if err := d.createAgent(ctx); err != nil {
 		rep.Errors = append(rep.Errors, "create the bench agent: "+err.Error())
 		steps = nil
 	} else {
 		d.srtUnavailable = d.createSrtAgent(ctx)
+		d.vmUnavailable = d.createVMAgents(ctx, c)
 	}
 	for _, s := range steps {
+		if !slices.Contains(selected, s.group) {
+			continue
+		}
 		if ctx.Err() != nil {
 			rep.Errors = append(rep.Errors, s.name+": skipped (interrupted)")
 			continue
@@ -269,6 +319,7 @@ type row struct {
 type report struct {
 	Machine machine  `json:"machine"`
 	Counts  counts   `json:"counts"`
+	Groups  []string `json:"groups"`
 	Rows    []row    `json:"results"`
 	Errors  []string `json:"errors,omitempty"`
 	// DaemonLog holds the daemon's warnings and errors, counted.
@@ -286,6 +337,11 @@ func (r *report) add(measurement, stat string, value float64, unit string, goalM
 		rw.Goal = "<= " + formatValue(goalMax, unit)
 	}
 	r.Rows = append(r.Rows, rw)
+}
+
+// addGoal records a value with a goal that is not a bound: text only.
+func (r *report) addGoal(measurement, stat string, value float64, unit, goal, reference string) {
+	r.Rows = append(r.Rows, row{Measurement: measurement, Stat: stat, Value: value, Unit: unit, Goal: goal, Reference: reference})
 }
 
 // note records a row that carries text only.
@@ -319,9 +375,18 @@ func (r *report) print(f *os.File) {
 	fmt.Fprintf(f, "agentconnect: %s (%s)\n", m.Agentconnect, m.SupervisorPath)
 	fmt.Fprintf(f, "shim binary:  %s MiB, %s\n", m.ShimBinaryMiB, m.ShimLinking)
 	fmt.Fprintf(f, "strategies:   %s\n", m.Strategies)
-	fmt.Fprintf(f, "counts:       %d starts, %d idle shims, %d sessions x %d restarts, %d execs; srt: %d exec rounds, %d idle sessions, %d concurrent (took %s)\n\n",
-		r.Counts.Starts, r.Counts.Shims, r.Counts.RestartSessions, r.Counts.Restarts, r.Counts.Execs,
-		r.Counts.SrtExecs, r.Counts.SrtSessions, r.Counts.SrtConcurrent, r.Took)
+	c := r.Counts
+	byGroup := map[string]string{
+		"host": fmt.Sprintf("host: %d starts, %d idle shims, %d sessions x %d restarts, %d execs",
+			c.Starts, c.Shims, c.RestartSessions, c.Restarts, c.Execs),
+		"srt":          fmt.Sprintf("srt: %d exec rounds, %d idle sessions, %d concurrent", c.SrtExecs, c.SrtSessions, c.SrtConcurrent),
+		"microsandbox": fmt.Sprintf("microsandbox: %d starts, one idle session at each memoryMiB of %v", c.VMStarts, c.VMMemoryMiB),
+	}
+	var ran []string
+	for _, g := range r.Groups {
+		ran = append(ran, byGroup[g])
+	}
+	fmt.Fprintf(f, "counts:       %s (took %s)\n\n", strings.Join(ran, "; "), r.Took)
 
 	width := 0
 	for _, rw := range r.Rows {

@@ -40,21 +40,8 @@ func (d *daemon) createSrtAgent(ctx context.Context) string {
 		return err.Error()
 	}
 	defer a.Close()
-	st, err := a.Status(ctx, &adminv1.StatusRequest{})
-	if err != nil {
-		return "status: " + err.Error()
-	}
-	offered := false
-	for _, s := range st.Strategies {
-		if s.Name == "srt" {
-			if !s.Available {
-				return "the daemon cannot run srt here: " + s.Reason
-			}
-			offered = true
-		}
-	}
-	if !offered {
-		return "the daemon has no srt strategy"
+	if why := strategyUnavailable(ctx, a, "srt"); why != "" {
+		return why
 	}
 	agent, err := a.CreateAgent(ctx, &adminv1.CreateAgentRequest{Agent: &adminv1.Agent{
 		Name: srtAgent, Strategy: "srt", Command: trueCommand,
@@ -70,6 +57,24 @@ func (d *daemon) createSrtAgent(ctx context.Context) string {
 }
 
 var trueCommand = []string{"/bin/true"}
+
+// strategyUnavailable says why the daemon cannot run sessions of a
+// strategy, or is "".
+func strategyUnavailable(ctx context.Context, a *admin, name string) string {
+	st, err := a.Status(ctx, &adminv1.StatusRequest{})
+	if err != nil {
+		return "status: " + err.Error()
+	}
+	for _, s := range st.Strategies {
+		if s.Name == name {
+			if !s.Available {
+				return "the daemon cannot run " + name + " here: " + s.Reason
+			}
+			return ""
+		}
+	}
+	return "the daemon has no " + name + " strategy"
+}
 
 // refSrt is the reference sandbox-runtime CLI, ready to run `true`.
 type refSrt struct {

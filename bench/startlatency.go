@@ -44,30 +44,38 @@ func benchStartLatency(ctx context.Context, d *daemon, c counts, rep *report) er
 // startToFirstByte is one start: StartSession, Attach from offset 0 with
 // follow, the first chunk; then the session is removed (not timed).
 func startToFirstByte(ctx context.Context, a *admin) (took time.Duration, err error) {
-	t0 := time.Now()
-	s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: benchAgent})
-	if err != nil {
-		return 0, fmt.Errorf("start session: %w", err)
-	}
-	defer func() {
+	took, s, err := firstByte(ctx, a, benchAgent)
+	if s != nil {
 		_, rmErr := a.RemoveSession(context.WithoutCancel(ctx), &adminv1.RemoveSessionRequest{Id: s.Id, Force: true})
 		if rmErr != nil && err == nil {
 			err = fmt.Errorf("remove session %s: %w", s.Id, rmErr)
 		}
-	}()
+	}
+	return took, err
+}
+
+// firstByte starts a session of agent with its own command and times it to
+// the first chunk of output. It returns the session whenever it started,
+// for the caller to remove.
+func firstByte(ctx context.Context, a *admin, agent string) (time.Duration, *adminv1.Session, error) {
+	t0 := time.Now()
+	s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: agent})
+	if err != nil {
+		return 0, nil, fmt.Errorf("start session: %w", err)
+	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	stream, err := a.Attach(actx, &adminv1.AttachRequest{Id: s.Id, Offset: 0, Follow: true})
 	if err != nil {
-		return 0, fmt.Errorf("attach: %w", err)
+		return 0, s, fmt.Errorf("attach: %w", err)
 	}
 	chunk, err := stream.Recv()
-	took = time.Since(t0)
+	took := time.Since(t0)
 	if err != nil {
-		return 0, fmt.Errorf("attach: first chunk: %w", err)
+		return 0, s, fmt.Errorf("attach: first chunk: %w", err)
 	}
 	if len(chunk.Data) == 0 {
-		return 0, fmt.Errorf("attach: the first chunk is empty (offset %d, stream %v)", chunk.Offset, chunk.Stream)
+		return 0, s, fmt.Errorf("attach: the first chunk is empty (offset %d, stream %v)", chunk.Offset, chunk.Stream)
 	}
-	return took, nil
+	return took, s, nil
 }

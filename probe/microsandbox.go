@@ -30,6 +30,9 @@ func checkMicrosandbox(cfg *config.Config, env Env) string {
 				"or set sandbox.microsandbox.accelerator to \"tcg\" (software emulation, much slower)"); r != "" {
 			return r
 		}
+		if r := checkKVMRuns(); r != "" {
+			return r + ": set sandbox.microsandbox.accelerator to \"tcg\" (software emulation, much slower)"
+		}
 	}
 	if vm.Transport == "vsock" {
 		if r := checkDevice("/dev/vhost-vsock", "vsock",

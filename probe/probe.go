@@ -17,6 +17,9 @@ type Result struct {
 	Name      strategy.Name `json:"name"`
 	Available bool          `json:"available"`
 	Reason    string        `json:"reason"`
+	// Detail says how the strategy runs here when it runs: for
+	// microsandbox, the accelerator and the transport.
+	Detail string `json:"detail"`
 }
 
 // Env is what the checks need to know about this installation beyond the
@@ -45,6 +48,9 @@ func Run(cfg *config.Config, env Env) []Result {
 		} else {
 			r.Reason = checks[n](cfg, env)
 			r.Available = r.Reason == ""
+			if n == strategy.Microsandbox {
+				r.Detail = fmt.Sprintf("%s accelerator, %s transport", cfg.VM.Accelerator, cfg.VM.Transport)
+			}
 		}
 		results = append(results, r)
 	}

@@ -41,7 +41,7 @@ func (a *adminService) Status(context.Context, *adminv1.StatusRequest) (*adminv1
 		DefaultStrategy: string(probe.Default(s.probes)),
 	}
 	for _, r := range s.probes {
-		resp.Strategies = append(resp.Strategies, &adminv1.Strategy{Name: string(r.Name), Available: r.Available, Reason: r.Reason})
+		resp.Strategies = append(resp.Strategies, &adminv1.Strategy{Name: string(r.Name), Available: r.Available, Reason: r.Reason, Detail: r.Detail})
 	}
 	for _, v := range s.listSessions("") {
 		resp.Sessions++

@@ -86,11 +86,7 @@ func printStatus(w io.Writer, st *adminv1.StatusResponse) {
 	}
 	fmt.Fprintln(w, "strategies:")
 	for _, s := range st.Strategies {
-		if s.Available {
-			fmt.Fprintf(w, "  %-13s available\n", s.Name)
-		} else {
-			fmt.Fprintf(w, "  %-13s unavailable: %s\n", s.Name, s.Reason)
-		}
+		fmt.Fprintf(w, "  %s\n", strategyLine(strategyJSON{Name: s.Name, Available: s.Available, Reason: s.Reason, Detail: s.Detail}))
 	}
 	if st.DefaultStrategy != "" {
 		fmt.Fprintf(w, "new agents:  %s\n", st.DefaultStrategy)
@@ -142,16 +138,12 @@ downloads nothing.`,
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {
-					out = append(out, strategyJSON{Name: string(r.Name), Available: r.Available, Reason: r.Reason})
+					out = append(out, strategyJSON{Name: string(r.Name), Available: r.Available, Reason: r.Reason, Detail: r.Detail})
 				}
 				printJSON(cmd.OutOrStdout(), out)
 			} else {
 				for _, r := range results {
-					if r.Available {
-						fmt.Fprintf(cmd.OutOrStdout(), "%-13s available\n", r.Name)
-					} else {
-						fmt.Fprintf(cmd.OutOrStdout(), "%-13s unavailable: %s\n", r.Name, r.Reason)
-					}
+					fmt.Fprintln(cmd.OutOrStdout(), strategyLine(strategyJSON{Name: string(r.Name), Available: r.Available, Reason: r.Reason, Detail: r.Detail}))
 				}
 			}
 			if !probe.AnyAvailable(results) {
@@ -257,4 +249,20 @@ func lifecycle(ctx context.Context, g *globals, w io.Writer, verb string, sig sy
 func underSystemd() bool {
 	fi, err := os.Stat("/run/systemd/system")
 	return err == nil && fi.IsDir()
+}
+
+// strategyLine is one strategy in status and probe: "srt  available", or
+// unavailable with the reason; how it runs, when the probe says.
+func strategyLine(s strategyJSON) string {
+	state := "available"
+	if !s.Available {
+		state = "unavailable"
+	}
+	if s.Detail != "" {
+		state += " (" + s.Detail + ")"
+	}
+	if !s.Available {
+		state += ": " + s.Reason
+	}
+	return fmt.Sprintf("%-13s %s", s.Name, state)
 }

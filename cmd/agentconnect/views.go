@@ -20,6 +20,7 @@ type strategyJSON struct {
 	Name      string `json:"name"`
 	Available bool   `json:"available"`
 	Reason    string `json:"reason"`
+	Detail    string `json:"detail"`
 }
 
 type cgroupsJSON struct {
@@ -150,7 +151,7 @@ func statusView(s *adminv1.StatusResponse) statusJSON {
 		Sessions: int(s.Sessions), RunningSessions: int(s.Running), Args: list(s.Args),
 	}
 	for _, st := range s.Strategies {
-		v.Strategies = append(v.Strategies, strategyJSON{Name: st.Name, Available: st.Available, Reason: st.Reason})
+		v.Strategies = append(v.Strategies, strategyJSON{Name: st.Name, Available: st.Available, Reason: st.Reason, Detail: st.Detail})
 	}
 	if c := s.Cgroups; c != nil {
 		v.Cgroups = cgroupsJSON{Available: c.Available, Mode: c.Mode, Reason: c.Reason}
