@@ -11,11 +11,12 @@ import (
 // the view it needs and no more: the system read-only, the daemon's home
 // (and whatever else is Hidden) replaced by an empty tmpfs in which only the
 // VM's own files come back — its disks, its sockets, its image — and
-// /dev/kvm and /dev/vhost-vsock when used. QEMU's own -sandbox on (seccomp)
+// /dev/kvm and /dev/vhost-vsock when used; no network (its NIC is a unix
+// socket) and no other process in sight. QEMU's own -sandbox on (seccomp)
 // applies inside.
 func (c Config) ConfinedArgs(qemu string) []string {
 	args := []string{
-		"--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-uts",
+		"--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-pid",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
 	}
 	if c.Accelerator == "kvm" {

@@ -24,7 +24,7 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, 
 	vm := &microvm.Config{
 		CPUs: settings.CPUs, MemoryMiB: settings.MemoryMiB, DiskGiB: settings.DiskGiB,
 		Accelerator: settings.Accelerator, Transport: settings.Transport,
-		Hidden: []string{s.opts.Home},
+		Hidden: append([]string{s.opts.Home}, homesToHide()...),
 	}
 	if a.Resources.CPUs > 0 {
 		vm.CPUs = a.Resources.CPUs
