@@ -19,7 +19,7 @@ cleanup() {
 		"$ac" session rm --force "$id" >/dev/null 2>&1 || true
 	done
 	[ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
-	rm -rf "$home"
+	rm -rf "$home" "${marker:-}"
 }
 trap cleanup EXIT
 
@@ -36,6 +36,13 @@ start_daemon() {
 
 say "What this host offers (agentconnect probe)"
 "$ac" probe || true
+# Without KVM or vhost-vsock, a VM still runs under software emulation
+# (TCG) over a virtio-serial port: offer that rather than no VM at all.
+if ! "$ac" probe --json | tr -d '\n ' | grep -q '"name":"microsandbox","available":true'; then
+	echo '{"sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 1, "memoryMiB": 1024}}}' >"$home/config.json"
+	echo "(microsandbox with the defaults is not available here; trying it with software emulation:)"
+	"$ac" probe | grep microsandbox || true
+fi
 
 say "Starting a daemon in $home"
 start_daemon
@@ -58,11 +65,33 @@ for _ in $(seq 100); do
 	sleep 0.05
 done
 
+marker=$(mktemp /tmp/agentconnect-demo-marker.XXXXXX)
+# The pids limit shows in srt and host sessions; a VM's cgroup holds QEMU
+# and virtiofsd, and the guest's processes are the guest kernel's.
+pids="--pids 64"
+[ "$best" = microsandbox ] && pids=""
 # What the session tries, each line "allowed" or "denied".
 probe='
 try() { what=$1; shift; if "$@" >/dev/null 2>&1; then echo "  allowed: $what"; else echo "  denied:  $what"; fi; }
 echo "runtime: uid $(id -u), pid $$, cwd $PWD"
 echo "HOME=$HOME"
+'
+if [ "$best" = microsandbox ]; then
+	probe=$probe'
+echo "kernel: $(uname -r) (the host runs $DEMO_HOST_KERNEL)"
+try "write in the workspace" sh -c "echo hi > demo.txt"
+try "write in its private home" sh -c "echo hi > \"\$HOME/demo.txt\""
+try "read the daemon home ($DEMO_HOME)" ls "$DEMO_HOME/sessions"
+try "see a file in the host'"'"'s /tmp" test -e "$DEMO_MARKER"
+try "see the daemon'"'"'s secret in its environment" sh -c "env | grep -q DEMO_DAEMON_SECRET"
+try "write to /etc (the VM'"'"'s own)" sh -c "echo x > /etc/agentconnect-demo"
+try "resolve a name not on the allowlist (DNS)" getent hosts example.com
+try "reach the host loopback port on the allowlist (raw TCP)" bash -c "exec 3<>/dev/tcp/192.168.127.254/$DEMO_PORT"
+try "reach another host loopback port" bash -c "exec 3<>/dev/tcp/192.168.127.254/1"
+try "fetch from it over HTTP, no proxy involved" curl -sf --max-time 5 "http://host.agentconnect.internal:$DEMO_PORT/"
+'
+else
+	probe=$probe'
 try "write in the workspace" sh -c "echo hi > demo.txt"
 try "write in its private home" sh -c "echo hi > \"\$HOME/demo.txt\""
 try "read the daemon home ($DEMO_HOME)" ls "$DEMO_HOME/sessions"
@@ -79,12 +108,15 @@ echo "cgroup: $(grep -E ":pids:|^0::" /proc/self/cgroup | head -1)"
 try "fork 100 processes (the agent'"'"'s pids limit is 64)" sh -c "for i in \$(seq 100); do sleep 1 & done; wait"
 wait
 '
+fi
 "$ac" agent create demo --strategy "$best" --env DEMO_HOME="$home" --env DEMO_PORT="$port" \
-	--allow-domain "127.0.0.1:$port" --pids 64 -- sh -c "$probe" >/dev/null
+	--env DEMO_MARKER="$marker" --env DEMO_HOST_KERNEL="$(uname -r)" \
+	--allow-domain "127.0.0.1:$port" $pids -- sh -c "$probe" >/dev/null
 git init -q "$("$ac" agent show demo --json | sed -n 's/.*"dir": "\(.*\)".*/\1/p')/workspace"
 say "A session of agent 'demo' ($best): what the boundary allows and denies"
 "$ac" exec demo
 kill "$web" 2>/dev/null || true
+rm -f "$marker"
 
 say "Sessions outlive the supervisor: start one, SIGKILL the daemon, start it again"
 "$ac" agent create ticker --strategy "$best" -- sh -c 'i=0; while :; do i=$((i+1)); echo "tick $i"; sleep 0.2; done' >/dev/null
