@@ -131,7 +131,12 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 	s.mu.Unlock()
 	if runningVM {
 		if err := vm.signal(sig, req.All); err != nil {
-			return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime in the VM: %w", err))
+			if sig != syscall.SIGKILL {
+				return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime in the VM: %w", err))
+			}
+			// The guest agent does not answer: the VM goes.
+			s.log.WithError(err).Warn("SIGKILL: the guest agent did not answer; killing QEMU")
+			vm.killQEMU()
 		}
 		return &shimv1.KillResponse{}, nil
 	}

@@ -252,17 +252,10 @@ func (vm *vmRun) connect(qemuExit <-chan syscall.WaitStatus) error {
 	if vm.cfg.Transport == "vsock" {
 		vm.dialer = vmtransport.VsockDialer{CID: vm.cfg.CID, Port: vmtransport.DefaultPort}
 	} else {
+		// Returns once the guest agent answered the hello: after boot.
 		var err error
-		for {
-			vm.serial, err = vmtransport.NewSerialClient(ctx, vm.cfg.AgentSocket())
-			if err == nil {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("connect to the VM's serial port: %w", err)
-			case <-time.After(20 * time.Millisecond):
-			}
+		if vm.serial, err = vmtransport.NewSerialClient(ctx, vm.cfg.AgentSocket()); err != nil {
+			return fmt.Errorf("connect to the guest agent over the VM's serial port: %w", err)
 		}
 		vm.dialer = vm.serial
 	}
