@@ -99,17 +99,6 @@ func shimLog(h, id string) string {
 	return string(b)
 }
 
-// lines maps "KEY VALUE" lines of out to their values.
-func lines(out string) map[string]string {
-	m := map[string]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(l), " "); ok {
-			m[k] = v
-		}
-	}
-	return m
-}
-
 // TestMicrosandboxBoundary: the guest's own kernel; the workspace shared
 // both ways; a read-only mount that stays read-only; nothing of the host
 // that was not shared, the daemon's home above all.
@@ -137,7 +126,7 @@ echo done
 	os.WriteFile(filepath.Join(ws, "from-host"), []byte("host-wrote\n"), 0o644)
 
 	_, out := startAndWait(t, h, "box", "")
-	got := lines(out)
+	got := parseCodes(out)
 	hostKernel, _ := exec.Command("uname", "-r").Output()
 	imgKernel := guestKernel(t)
 	for k, want := range map[string]string{
@@ -368,7 +357,7 @@ if [ -e /usr/bin/node ]; then echo "image default"; else echo "image tiny"; fi
 `)
 	check := func(what, out, local, workspace string) {
 		t.Helper()
-		got := lines(out)
+		got := parseCodes(out)
 		if got["image"] != "tiny" || got["local"] != local || got["workspace"] != workspace {
 			t.Errorf("%s: image %q, VM-local lines %q, workspace lines %q; want tiny, %s, %s\n%s",
 				what, got["image"], got["local"], got["workspace"], local, workspace, out)
@@ -484,7 +473,7 @@ conn public-unlisted %[5]s %[6]d
 			"host-other": "refused", "public-unlisted": "refused",
 		},
 	} {
-		got := lines(outs[a])
+		got := parseCodes(outs[a])
 		for k, v := range want {
 			if got[k] != v {
 				t.Errorf("%s: %s = %q, want %q\n%s", a, k, got[k], v, outs[a])

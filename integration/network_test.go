@@ -90,6 +90,8 @@ get() { n=$1; shift; printf '%s %s\n' "$n" "$(curl -s -o /dev/null -w '%{http_co
 raw() { n=$1; if python3 -c "import socket; socket.create_connection(('$2', $3), 3)" 2>/dev/null; then echo "$n connected"; else echo "$n refused"; fi; }
 `
 
+// parseCodes maps the "NAME RESULT" lines of a session's output to the
+// results.
 func parseCodes(out string) map[string]string {
 	codes := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {

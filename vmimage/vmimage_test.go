@@ -425,14 +425,7 @@ func TestLayoutAndArchives(t *testing.T) {
 	b, _ := os.ReadFile(blob)
 	b[len(b)/2] ^= 0xff
 	os.WriteFile(blob, b, 0o644)
-	if _, err := s2.Prepare(ctx, "oci:"+dir+"@"+digestOf(t, other)); err == nil || !strings.Contains(err.Error(), "corrupt") {
-		t.Errorf("corrupt layout blob: %v, want an error saying so", err)
-	} else {
-		t.Logf("corrupt layout blob: %v", err)
-	}
-	if entries, _ := os.ReadDir(s2.Dir); len(entries) != 0 {
-		t.Errorf("left in Dir after a failure: %v", entries)
-	}
+	prepareFails(t, s2, "oci:"+dir+"@"+digestOf(t, other), "corrupt")
 }
 
 func TestIndexPicksGuestPlatform(t *testing.T) {
@@ -460,14 +453,7 @@ func TestIndexPicksGuestPlatform(t *testing.T) {
 	// An image for another architecture alone is refused, leaving nothing.
 	armRef := reg.push(t, arm, "arm/only:latest")
 	s2 := newStore(t)
-	if _, err := s2.Prepare(context.Background(), armRef); err == nil || !strings.Contains(err.Error(), "arm64") {
-		t.Errorf("arm64 image: %v, want an error naming its platform", err)
-	} else {
-		t.Logf("arm64 image: %v", err)
-	}
-	if entries, _ := os.ReadDir(s2.Dir); len(entries) != 0 {
-		t.Errorf("left in Dir after a failure: %v", entries)
-	}
+	prepareFails(t, s2, armRef, "arm64")
 }
 
 func TestCorruptLayerLeavesNothing(t *testing.T) {
@@ -485,17 +471,7 @@ func TestCorruptLayerLeavesNothing(t *testing.T) {
 		reg.bad[d.String()] = b
 	}
 	s := newStore(t)
-	_, err := s.Prepare(context.Background(), ref)
-	if err == nil {
-		t.Fatal("Prepare of an image with a corrupt layer succeeded")
-	}
-	t.Logf("corrupt layer: %v", err)
-	if !strings.Contains(err.Error(), ref) || !strings.Contains(err.Error(), "digest") {
-		t.Errorf("error %q does not name the image and the digest mismatch", err)
-	}
-	if entries, _ := os.ReadDir(s.Dir); len(entries) != 0 {
-		t.Errorf("left in Dir after a failure: %v", entries)
-	}
+	prepareFails(t, s, ref, ref, "digest")
 }
 
 func TestConcurrentPrepareBuildsOnce(t *testing.T) {
@@ -548,9 +524,7 @@ func TestPrepareCanceled(t *testing.T) {
 	if _, err := s.Prepare(ctx, ref); !errors.Is(err, context.Canceled) {
 		t.Errorf("Prepare with a canceled context: %v", err)
 	}
-	if entries, _ := os.ReadDir(s.Dir); len(entries) != 0 {
-		t.Errorf("left in Dir: %v", entries)
-	}
+	checkEmpty(t, s)
 }
 
 func TestCheckRef(t *testing.T) {
@@ -613,19 +587,12 @@ func TestBadArchives(t *testing.T) {
 		"archive:" + other:  "neither a docker-save nor an OCI image archive",
 		"oci:" + tmp:        "not an OCI image layout",
 	} {
-		_, err := s.Prepare(context.Background(), ref)
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Prepare(%s) = %v, want an error saying %q", ref, err, want)
-		} else {
-			t.Logf("Prepare(%s): %v", ref, err)
-		}
+		prepareFails(t, s, ref, want)
 	}
 	if got, err := s.Prepare(context.Background(), DefaultRef); err != nil || *got != *s.Base {
 		t.Errorf("Prepare(default) = %+v, %v; want the base image", got, err)
 	}
-	if entries, _ := os.ReadDir(s.Dir); len(entries) != 0 {
-		t.Errorf("left in Dir: %v", entries)
-	}
+	checkEmpty(t, s)
 }
 
 func TestDefault(t *testing.T) {
@@ -672,4 +639,30 @@ func TestDefaultBuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("default image: %+v", img)
+}
+
+// prepareFails checks that Prepare(ref) fails with an error containing
+// every one of wants, and leaves nothing in the store.
+func prepareFails(t *testing.T, s *Store, ref string, wants ...string) {
+	t.Helper()
+	_, err := s.Prepare(context.Background(), ref)
+	if err == nil {
+		t.Errorf("Prepare(%s) succeeded, want an error saying %q", ref, wants)
+		return
+	}
+	t.Logf("Prepare(%s): %v", ref, err)
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Prepare(%s) = %v, want an error saying %q", ref, err, w)
+		}
+	}
+	checkEmpty(t, s)
+}
+
+// checkEmpty fails if a failed or canceled Prepare left anything behind.
+func checkEmpty(t *testing.T, s *Store) {
+	t.Helper()
+	if entries, _ := os.ReadDir(s.Dir); len(entries) != 0 {
+		t.Errorf("left in the store's directory after a failure: %v", entries)
+	}
 }
