@@ -190,7 +190,7 @@ func runtimeSteps(d *daemon, id string) (map[string]time.Duration, error) {
 // once per process). Each session is stopped, removed and checked for
 // leftovers.
 func benchVMMemory(ctx context.Context, d *daemon, c counts, rep *report) error {
-	m := fmt.Sprintf("microsandbox session memory (sleep 600, after %v)", vmIdle)
+	m := fmt.Sprintf("microsandbox session memory (sleep 600, after %d s)", int(vmIdle.Seconds()))
 	if d.vmUnavailable != "" {
 		rep.note(m, "QEMU+virtiofsd+shim PSS", "unavailable: "+d.vmUnavailable)
 		return nil
