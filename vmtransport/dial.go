@@ -29,6 +29,9 @@ func DialWithRetry(ctx context.Context, d Dialer, every time.Duration) (net.Conn
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
+	// last is the last error that says why a dial failed: one cut short by
+	// the deadline says only that.
+	var last error
 	for attempt := 1; ; attempt++ {
 		conn, err := d.Dial(ctx)
 		if err == nil {
@@ -37,13 +40,16 @@ func DialWithRetry(ctx context.Context, d Dialer, every time.Duration) (net.Conn
 		if errors.Is(err, ErrNoVsock) || errors.Is(err, net.ErrClosed) {
 			return nil, err
 		}
+		if last == nil || ctx.Err() == nil {
+			last = err
+		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("dial the guest agent: gave up after %d attempts: %w; last: %w", attempt, ctx.Err(), err)
+			return nil, fmt.Errorf("dial the guest agent: gave up after %d attempts: %w; last: %w", attempt, ctx.Err(), last)
 		}
 		timer.Reset(every)
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("dial the guest agent: gave up after %d attempts: %w; last: %w", attempt, ctx.Err(), err)
+			return nil, fmt.Errorf("dial the guest agent: gave up after %d attempts: %w; last: %w", attempt, ctx.Err(), last)
 		case <-timer.C:
 		}
 	}
