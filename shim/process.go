@@ -327,26 +327,39 @@ func (s *service) endRun(pid int, outputs []*os.File, copiers *sync.WaitGroup) {
 			s.log.WithError(err).Warn("kill the rest of the session")
 		}
 	}
-	drained := make(chan struct{})
-	go func() { copiers.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainTimeout):
+	if !waitTimeout(copiers, drainTimeout) {
 		s.log.Warn("output pipes still open after the runtime exited: a process outside the session holds them")
 		for _, f := range outputs {
 			f.SetReadDeadline(time.Now())
 		}
-		<-drained
+		copiers.Wait()
 	}
 	for _, f := range outputs {
 		f.Close()
 	}
+	s.closeStdin()
+}
+
+// closeStdin closes the runtime's stdin for good at the end of a run.
+func (s *service) closeStdin() {
 	s.mu.Lock()
 	stdin := s.stdin
 	s.stdinClosed = true
 	s.mu.Unlock()
 	if stdin != nil {
 		stdin.Close()
+	}
+}
+
+// waitTimeout waits for wg at most d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
 	}
 }
 

@@ -152,13 +152,7 @@ func (s *service) launchVM() (pid int, retErr error) {
 
 	go func() {
 		state, code, reason := vm.wait(exitStatus, &copiers)
-		s.mu.Lock()
-		stdinNow := s.stdin
-		s.stdinClosed = true
-		s.mu.Unlock()
-		if stdinNow != nil {
-			stdinNow.Close()
-		}
+		s.closeStdin()
 		vm.stop()
 		s.finish(state, code, reason)
 		close(s.cleanedUp)
@@ -332,7 +326,10 @@ func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGrou
 	select {
 	case r := <-waited:
 		if r.err == nil {
-			waitCopiers(copiers, drainTimeout)
+			// The output's streams end when the guest agent closes
+			// them; a guest process still holding them is cut off by
+			// the power-off.
+			waitTimeout(copiers, drainTimeout)
 			ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
 			vm.agent.Shutdown(ctx, &vmagentv1.ShutdownRequest{})
 			cancel()
@@ -348,15 +345,6 @@ func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGrou
 		return session.Lost, -1, vm.deathReason(ws)
 	case ws := <-qemuExit:
 		return session.Lost, -1, vm.deathReason(ws)
-	}
-}
-
-func waitCopiers(wg *sync.WaitGroup, timeout time.Duration) {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
 	}
 }
 
