@@ -32,10 +32,12 @@ image: build
 proto: deps
 	./api/generate.sh
 
-# Every test: unit tests beside the code, then the integration tests that
-# drive the built binaries. Root-only tests skip with a message elsewhere.
+# Every test, under the race detector (which needs cgo; the binaries the
+# integration tests drive stay static): unit tests beside the code, then the
+# integration tests that drive the built binaries. Root-only tests skip with a
+# message elsewhere.
 test: deps build image lint
-	AGENTCONNECT_BIN=$(CURDIR)/bin go test -count=1 -timeout 18m ./...
+	CGO_ENABLED=1 AGENTCONNECT_BIN=$(CURDIR)/bin go test -race -count=1 -timeout 18m ./...
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -52,14 +52,15 @@ fi
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot and mknod need it): sudo make image"
 
+# Checked by package name (a Recommends is never relied on): debootstrap
+# verifies the suite with debian-archive-keyring and gpgv and downloads with
+# wget; mke2fs, cpio, depmod/modprobe and gzip build the disks and the
+# initramfs.
 missing=""
-need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
-need debootstrap debootstrap
-need mke2fs e2fsprogs
-need cpio cpio
-need depmod kmod
-need modprobe kmod
-need gzip gzip
+for p in debootstrap debian-archive-keyring gpgv wget e2fsprogs cpio kmod gzip; do
+	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$st" = installed ] || missing="$missing $p"
+done
 if [ -n "$missing" ]; then
 	say "installing$missing"
 	apt-get update -q >/dev/null

@@ -2,30 +2,43 @@
 # Installs what building and testing agentconnect needs and this machine
 # lacks: Debian packages (as root) and Go tools (into bin/tools). It installs
 # nothing that is already there, so it is fast on a prepared machine.
+#
+# Packages are checked by name with dpkg, never by a command they happen to
+# bring: a header or data file (libprotobuf-dev's well-known .proto files) has
+# no command, and a Recommends that --no-install-recommends drops must be
+# named here or a fresh machine goes without it.
 set -eu
 cd "$(dirname "$0")/.."
 
-# command -> Debian package
+PACKAGES="
+	make ca-certificates git
+	gcc libc6-dev
+	protobuf-compiler libprotobuf-dev
+	systemd util-linux coreutils tar
+	bubblewrap
+	iproute2 curl python3 nodejs
+	qemu-system-x86 e2fsprogs busybox-static
+"
+# What each is for:
+#   make, ca-certificates (the Go module proxy over HTTPS), git (the version
+#     stamp; the tests' repositories)
+#   gcc, libc6-dev: go test -race needs cgo
+#   protobuf-compiler, libprotobuf-dev (google/protobuf/*.proto): make proto
+#     and the test that the generated code is current
+#   systemd (systemd-analyze, systemd-socket-activate), util-linux (setpriv,
+#     unshare), coreutils, tar: the systemd and integration tests
+#   bubblewrap: srt, and the confinement of QEMU and virtiofsd
+#   iproute2 (test network namespaces), curl, python3, nodejs: what the tests
+#     run inside sandboxes and VMs
+#   qemu-system-x86 (brings virtiofsd), e2fsprogs (mke2fs, debugfs,
+#     dumpe2fs): microsandbox; busybox-static: the guest agent's own VM tests
+# scripts/build-image.sh installs what the image build needs.
+
 missing=""
-need() {
-	command -v "$1" >/dev/null 2>&1 || missing="$missing $2"
-}
-need protoc protobuf-compiler
-need systemd-analyze systemd
-need systemd-socket-activate systemd
-need setpriv util-linux
-need git git
-# srt: bwrap only; the rest is what the tests run inside sandboxes and the
-# network namespaces they build.
-need bwrap bubblewrap
-need ip iproute2
-need curl curl
-need python3 python3
-need node nodejs
-# microsandbox: QEMU (its package brings virtiofsd) and mke2fs for the
-# session disks; scripts/build-image.sh installs what the image build needs.
-need qemu-system-x86_64 qemu-system-x86
-need mke2fs e2fsprogs
+for p in $PACKAGES; do
+	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$st" = installed ] || missing="$missing $p"
+done
 
 if [ -n "$missing" ]; then
 	if [ "$(id -u)" -ne 0 ]; then

@@ -22,7 +22,9 @@ const drainFor = 6 * time.Second
 // Run becomes a child subreaper, starts cmd, passes SIGINT and SIGTERM on to
 // it, reaps every process that ends until cmd itself has (and, for a few
 // seconds more, the orphans still ending), and returns cmd's exit code
-// (128+N for a signal).
+// (128+N for a signal). cmd's stdio must be files (or nil): Run reaps cmd
+// itself, so os/exec's copying goroutines for other readers and writers are
+// never waited for.
 func Run(cmd *exec.Cmd) (int, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return 0, fmt.Errorf("become a child subreaper: %w", err)
