@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"runtime"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentconnect-md/agentconnect/config"
 	"github.com/agentconnect-md/agentconnect/seccomp"
 	"github.com/agentconnect-md/agentconnect/strategy"
@@ -85,11 +87,34 @@ func checkHost(*config.Config, Env) string {
 	return ""
 }
 
-// checkSRTStrategy: bwrap starts a sandbox here, and the seccomp filter
-// (without which no srt session runs) can be built for this machine.
+// checkSRTStrategy: bwrap starts a sandbox here, the seccomp filter and
+// Landlock (without which no srt session runs) are there.
 func checkSRTStrategy(*config.Config, Env) string {
 	if _, err := seccomp.Program(seccomp.Options{}); err != nil {
 		return fmt.Sprintf("srt cannot filter system calls here: %v", err)
 	}
+	if r := landlockReason(landlockABI()); r != "" {
+		return r
+	}
 	return CheckSRT("")
+}
+
+// landlockABI is the kernel's Landlock ABI version (0: none), asked with
+// landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION).
+func landlockABI() int {
+	const createRulesetVersion = 1
+	abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, createRulesetVersion)
+	if errno != 0 {
+		return 0
+	}
+	return int(abi)
+}
+
+// landlockReason says why srt cannot run without Landlock, or "".
+func landlockReason(abi int) string {
+	if abi >= 1 {
+		return ""
+	}
+	return "the kernel does not offer Landlock, which srt applies beside its read-only mounts (writes only beneath the agent's directories): " +
+		"use Linux 5.13 or later built with CONFIG_SECURITY_LANDLOCK, with landlock in the lsm= boot parameter"
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
 // always replaced by empty directories or private tmpfs: other users'
@@ -20,11 +22,8 @@ var emptyTopLevel = map[string]string{
 
 // builder collects bwrap arguments and the files they refer to by fd.
 type builder struct {
-	args         []string
-	files        []*os.File
-	placeholders []string
-	emptyFile    string
-	emptyDir     string
+	args  []string
+	files []*os.File
 	// readOnlyLater are tmpfs directories made for new mount points, made
 	// read-only once the mounts are in.
 	readOnlyLater []string
@@ -40,13 +39,18 @@ func (b *builder) fd(f *os.File) string {
 
 // Build opens the agent's directories and returns the boundary for cfg.
 // exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
-// sandbox to run sandbox-exec. On error nothing stays open.
+// sandbox to run sandbox-exec. On error nothing stays open and no
+// placeholder is left.
 func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
-	b := &builder{emptyFile: cfg.EmptyFile, emptyDir: cfg.EmptyDir}
+	b := &builder{}
+	var plan *protect.Plan
 	defer func() {
 		if retErr != nil {
 			for _, f := range b.files {
 				f.Close()
+			}
+			if plan != nil {
+				plan.Release()
 			}
 		}
 	}()
@@ -66,43 +70,72 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 			return nil, err
 		}
 	}
-	// Register before looking at the directories: from now on no other
-	// sandbox removes a placeholder this one may bind.
-	led, err := openLedger(cfg.Ledger)
+	// The writable roots, each opened once: what is bound is what is
+	// protected.
+	roots, err := agentDirs(cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer led.close()
-	ld, err := led.read()
-	if err != nil {
-		return nil, err
-	}
-	ld.Runs = append(ld.Runs, self())
-	writable, err := b.agentDirs(cfg)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range cfg.Mounts {
-		op := "--ro-bind"
-		if !m.ReadOnly {
-			op = "--bind"
-			writable = append(writable, m.Target)
+	roFiles := map[int]*os.File{}
+	closeAll := func() {
+		for _, r := range roots {
+			r.Dir.Close()
 		}
+		for _, f := range roFiles {
+			f.Close()
+		}
+	}
+	for i, m := range cfg.Mounts {
 		// The source was resolved when the agent was saved; a symlink put
 		// in its place since is refused rather than followed.
 		f, err := openNoSymlinks(m.Source)
 		if err != nil {
+			closeAll()
 			return nil, fmt.Errorf("mount %s: %w", m.Source, err)
 		}
-		b.add(op+"-fd", b.fd(f), m.Target)
-	}
-	for _, root := range writable {
-		if err := b.protect(root, root == cfg.Home); err != nil {
-			return nil, err
+		if m.ReadOnly {
+			roFiles[i] = f
+		} else {
+			roots = append(roots, protect.Root{Host: m.Source, Dir: f, Target: m.Target})
 		}
 	}
-	ld.Placeholders = append(ld.Placeholders, b.placeholders...)
-	if err := led.write(ld); err != nil {
+	plan, err = protect.Prepare(cfg.Ledger, roots)
+	for _, r := range roots {
+		r.Dir.Close() // the plan holds its own
+	}
+	roots = nil
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	// In the order given, each root with its protected names right after
+	// it: the agent's four directories, then the mounts.
+	var writable []string
+	next := 0
+	bindRoot := func() {
+		rp := plan.Roots[next]
+		next++
+		writable = append(writable, rp.Binds[0].Target)
+		for _, bd := range rp.Binds {
+			op := "--bind-fd"
+			if bd.ReadOnly {
+				op = "--ro-bind-fd"
+			}
+			b.add(op, b.fd(bd.File), bd.Target)
+		}
+	}
+	for range 4 {
+		bindRoot()
+	}
+	for i, m := range cfg.Mounts {
+		if m.ReadOnly {
+			b.add("--ro-bind-fd", b.fd(roFiles[i]), m.Target)
+		} else {
+			bindRoot()
+		}
+	}
+	checks, err := protect.ChecksFile(plan.Checks())
+	if err != nil {
 		return nil, err
 	}
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
@@ -121,7 +154,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	}
 	b.add("--")
 	b.add(cfg.Command...)
-	return &Boundary{Args: b.args, Files: b.files, ledger: cfg.Ledger}, nil
+	return &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}, nil
 }
 
 func dup(f *os.File) *os.File {
@@ -224,12 +257,13 @@ func (b *builder) makeRoom(target string, cfg Config) error {
 	return nil
 }
 
-// agentDirs binds the agent's four directories, each opened beneath the
-// agent directory without following a symlink, so that a symlink planted by
-// an earlier session cannot redirect it. It returns the writable roots.
-func (b *builder) agentDirs(cfg Config) ([]string, error) {
-	dirs := []string{cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp}
-	for i, d := range dirs {
+// agentDirs opens the agent's four directories, each beneath the agent
+// directory without following a symlink (the shared workspace by its own
+// path, likewise), so that a symlink planted by an earlier session cannot
+// redirect one. They are the first writable roots.
+func agentDirs(cfg Config) ([]protect.Root, error) {
+	var roots []protect.Root
+	for i, d := range []string{cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp} {
 		var f *os.File
 		var err error
 		if i == 0 && cfg.SharedWorkspace {
@@ -238,11 +272,14 @@ func (b *builder) agentDirs(cfg Config) ([]string, error) {
 			f, err = openBeneath(cfg.AgentDir, d)
 		}
 		if err != nil {
+			for _, r := range roots {
+				r.Dir.Close()
+			}
 			return nil, fmt.Errorf("open %s: %w", d, err)
 		}
-		b.add("--bind-fd", b.fd(f), d)
+		roots = append(roots, protect.Root{Host: d, Dir: f, Target: d, Workspace: i == 0, Home: i == 1})
 	}
-	return dirs, nil
+	return roots, nil
 }
 
 // openBeneath opens path, which must be inside root, as an O_PATH fd with

@@ -13,6 +13,8 @@ import (
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
 // writeAccess is every Landlock right that changes the filesystem: the
@@ -28,7 +30,8 @@ const writeAccess = llsys.AccessFSWriteFile | llsys.AccessFSRemoveDir | llsys.Ac
 const ExitSetupFailed = 125
 
 // Exec is `agentconnect-shim sandbox-exec`, the last step inside the
-// sandbox, already under the seccomp filter bwrap applied: it opens the
+// sandbox, already under the seccomp filter bwrap applied: it checks that
+// every protected bind landed where it should (protect.Verify), opens the
 // proxy listeners on the sandbox's loopback and hands them to the shim (so
 // no process of ours stays inside), gives the runtime its stderr, restricts
 // writes with Landlock, and execs the runtime. It returns only on failure,
@@ -44,6 +47,13 @@ func Exec(args []string) error {
 	command := fs.Args()
 	if len(command) == 0 {
 		return fail(ExitSetupFailed, -1, "sandbox setup: no command")
+	}
+	checks, err := protect.ReadChecks(FDChecks)
+	if err == nil {
+		err = protect.Verify(checks)
+	}
+	if err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: "+err.Error())
 	}
 	if err := handOverListeners(listen); err != nil {
 		return fail(ExitSetupFailed, -1, "sandbox setup: proxy listeners: "+err.Error())
@@ -99,9 +109,14 @@ func handOverListeners(addrs []string) error {
 }
 
 // restrictWrites lets this process and what it execs write only beneath
-// the given directories, as far as this kernel's Landlock goes (best
-// effort: an older kernel enforces fewer rights, none without Landlock).
+// the given directories. A kernel without Landlock stops the start (the
+// probe says so first); an older Landlock enforces the rights it knows
+// (every ABI restricts writing files and making entries; later ones add
+// truncation and renames across directories).
 func restrictWrites(dirs []string) error {
+	if abi, err := llsys.LandlockGetABIVersion(); err != nil || abi < 1 {
+		return fmt.Errorf("the kernel does not offer Landlock (ABI %d, %v)", abi, err)
+	}
 	cfg := landlock.Config{HandledAccessFS: writeAccess}
 	return cfg.BestEffort().RestrictPaths(landlock.PathAccess(writeAccess, dirs...).IgnoreIfMissing())
 }

@@ -9,6 +9,8 @@ package sandbox
 
 import (
 	"os"
+
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
 // The files a launched sandbox inherits, by fd number. Fds 3 and 4 belong
@@ -19,7 +21,8 @@ const (
 	FDListeners = 7  // a socket on which sandbox-exec hands the proxy listeners to the shim
 	FDExecError = 8  // sandbox-exec writes "CODE message" here when it cannot exec the runtime
 	FDSeccomp   = 9  // the seccomp program, read by bwrap
-	firstBindFD = 10 // then one fd per directory bound from an fd
+	FDChecks    = 10 // what sandbox-exec checks of the protected binds (protect.Verify)
+	firstBindFD = 11 // then one fd per directory bound from an fd
 )
 
 // Proxy ports inside the sandbox, as sandbox-runtime has them.
@@ -63,37 +66,38 @@ type Config struct {
 	NestedSandbox bool
 	// Command is the runtime and its arguments.
 	Command []string
-	// EmptyFile is an empty regular file, bound read-only where an absent
-	// protected file must not be created in the runtime's home (a device
-	// such as /dev/null cannot be opened on the sandbox's nodev mounts).
-	EmptyFile string
-	// EmptyDir is an empty directory, bound read-only where an absent
-	// protected name must not be created: one bind, cheaper than a tmpfs.
-	EmptyDir string
-	// Ledger is the daemon's record of running sandboxes and their
-	// placeholders (see ledger.go).
+	// Ledger is the daemon's record of running boundaries and their
+	// placeholders (see package protect).
 	Ledger string
 }
 
-// Boundary is a built sandbox: bwrap's arguments (after "bwrap") and the
-// files it needs at fds firstBindFD and up.
+// Boundary is a built sandbox: bwrap's arguments (after "bwrap"), the files
+// it needs at fds firstBindFD and up, and the checks sandbox-exec reads at
+// FDChecks.
 type Boundary struct {
 	Args   []string
 	Files  []*os.File
-	ledger string
+	Checks *os.File
+	plan   *protect.Plan
 }
 
-// Close releases the directory fds. The caller closes them once bwrap has
-// started (it holds its own copies).
+// Close releases the fds. The caller closes them once bwrap has started (it
+// holds its own copies).
 func (b *Boundary) Close() {
 	for _, f := range b.Files {
 		f.Close()
 	}
+	b.Checks.Close()
+	b.plan.CloseBinds()
 }
 
-// Release ends the sandbox's run, once it is gone: the empty mount points
-// made for absent protected names are removed when no other sandbox of the
-// daemon runs (one that started since may have bound them read-only).
+// Audit reports, once the sandbox is gone, the git hooks and config the run
+// wrote in repositories it created (see protect.Plan.Audit).
+func (b *Boundary) Audit() []protect.Finding { return b.plan.Audit() }
+
+// Release ends the sandbox's run, once it is gone: the placeholders made for
+// absent protected names are removed when no other boundary of the daemon
+// runs (one that started since may have bound them read-only).
 func (b *Boundary) Release() {
-	releaseRun(b.ledger)
+	b.plan.Release()
 }

@@ -62,6 +62,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 			}
 			if r.boundary != nil {
 				r.boundary.Close()
+				r.boundary.Release()
 			}
 		}
 	}()
@@ -115,10 +116,6 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("network policy: %w", err)
 	}
-	empty, err := s.emptyPlaceholders()
-	if err != nil {
-		return nil, err
-	}
 	exe, err := os.OpenFile("/proc/self/exe", unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -132,7 +129,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		DaemonHome: sb.DaemonHome, Hidden: sb.Hidden, AgentDir: sb.AgentDir,
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
-		NestedSandbox: sb.NestedSandbox, Command: spec.Command, EmptyFile: empty.file, EmptyDir: empty.dir,
+		NestedSandbox: sb.NestedSandbox, Command: spec.Command,
 		Ledger: filepath.Join(sb.DaemonHome, "run", "sandboxes.json"),
 	}, exe, true)
 	if err != nil {
@@ -151,23 +148,8 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		},
 		Logf: s.log.Debugf,
 	}
-	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR}, r.boundary.Files...)
+	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
 	return r, nil
-}
-
-// emptyPlaceholders makes an empty file and an empty directory in the
-// session directory, which the sandbox binds read-only as placeholders.
-func (s *service) emptyPlaceholders() (struct{ file, dir string }, error) {
-	e := struct{ file, dir string }{filepath.Join(string(s.dir), "empty"), filepath.Join(string(s.dir), "empty.d")}
-	f, err := os.OpenFile(e.file, os.O_CREATE|os.O_WRONLY, 0o444)
-	if err != nil {
-		return e, fmt.Errorf("placeholder file: %w", err)
-	}
-	f.Close()
-	if err := os.Mkdir(e.dir, 0o555); err != nil && !os.IsExist(err) {
-		return e, fmt.Errorf("placeholder directory: %w", err)
-	}
-	return e, nil
 }
 
 // resolver is the DNS the proxy asks: a given server, or the system's.

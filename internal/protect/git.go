@@ -1,0 +1,220 @@
+package protect
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bounds on looking for nested repositories in a writable root: deep enough
+// for a monorepo's packages, shallow and small enough to cost little at
+// every start.
+const (
+	scanDepth    = 3
+	scanMaxDirs  = 5000
+	skipScanning = "node_modules"
+)
+
+// findGitDirs finds the git directories of r, as paths relative to it:
+// r/.git and those of repositories nested a few levels down, submodules'
+// (.git/modules/...), worktrees' (.git/worktrees/...), and those a .git file
+// points to, when they are inside r. It reads r through its fd, so that it
+// scans the directory the boundary binds. A .git that is a symlink is
+// refused: git follows it, and the symlink could be pointed anywhere.
+func findGitDirs(r Root) ([]string, error) {
+	base := procPath(r.Dir)
+	var found []string
+	seen := map[string]bool{}
+	var addGitDir func(rel string)
+	addGitDir = func(rel string) {
+		if seen[rel] || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+			return
+		}
+		seen[rel] = true
+		found = append(found, rel)
+		for _, sub := range []string{"modules", "worktrees"} {
+			entries, _ := os.ReadDir(filepath.Join(base, rel, sub))
+			for _, e := range entries {
+				if e.IsDir() {
+					addGitDir(filepath.Join(rel, sub, e.Name()))
+				}
+			}
+		}
+	}
+	visited := 0
+	var walk func(rel string, depth int) error
+	walk = func(rel string, depth int) error {
+		visited++
+		if visited > scanMaxDirs {
+			return nil
+		}
+		dotGit := filepath.Join(rel, ".git")
+		if fi, err := os.Lstat(filepath.Join(base, dotGit)); err == nil {
+			switch {
+			case fi.Mode()&os.ModeSymlink != 0:
+				return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to", filepath.Join(r.Host, dotGit))
+			case fi.IsDir():
+				addGitDir(dotGit)
+			case fi.Mode().IsRegular():
+				if g, ok := gitFileTarget(r, dotGit); ok {
+					addGitDir(g)
+				}
+			}
+		}
+		if depth == scanDepth {
+			return nil
+		}
+		entries, err := os.ReadDir(filepath.Join(base, rel))
+		if err != nil {
+			return nil // unreadable: nothing of it to protect
+		}
+		for _, e := range entries {
+			if e.IsDir() && e.Name() != ".git" && e.Name() != skipScanning {
+				if err := walk(filepath.Join(rel, e.Name()), depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return found, walk(".", 0)
+}
+
+// gitFileTarget reads a .git file ("gitdir: PATH") at rel in r and returns
+// the git directory it names relative to r, when it is inside r.
+func gitFileTarget(r Root, rel string) (string, bool) {
+	f, err := openRegular(r.Dir, rel)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(io.LimitReader(f, 4096))
+	if !sc.Scan() {
+		return "", false
+	}
+	p, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "gitdir:")
+	if !ok {
+		return "", false
+	}
+	p = strings.TrimSpace(p)
+	if filepath.IsAbs(p) {
+		t, err := filepath.Rel(r.Host, p)
+		if err != nil {
+			return "", false
+		}
+		return filepath.Clean(t), true
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(rel), p)), true
+}
+
+// openRegular opens a regular file at rel beneath dir for reading, following
+// no symlink.
+func openRegular(dir *os.File, rel string) (*os.File, error) {
+	fd, err := unix.Openat2(int(dir.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file", rel)
+	}
+	return f, nil
+}
+
+// The repository a workspace gets, as git init writes it (minus the sample
+// hooks): the daemon writes these few files itself rather than run git on a
+// directory a runtime has written to.
+var (
+	repoDirs  = []string{"objects", "objects/info", "objects/pack", "refs", "refs/heads", "refs/tags", "info"}
+	repoFiles = []struct{ name, content string }{
+		{"HEAD", "ref: refs/heads/main\n"},
+		{"config", "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n"},
+		{"description", "Unnamed repository; edit this file 'description' to name the repository.\n"},
+	}
+)
+
+// ensureRepository gives a workspace with no .git an empty repository,
+// before the boundary exists: a hook or config planted in a repository the
+// runtime made itself (git init, then .git/hooks/...) would run the next time
+// anyone ran git there on the host, while this one is protected like any
+// other. It is built in a temporary directory beside and renamed into place,
+// so no half-made repository is ever seen.
+func ensureRepository(r Root) (retErr error) {
+	var st unix.Stat_t
+	err := unix.Fstatat(int(r.Dir.Fd()), ".git", &st, unix.AT_SYMLINK_NOFOLLOW)
+	if err == nil || !errors.Is(err, unix.ENOENT) {
+		return nil // there is one (findGitDirs judges it), or the scan says why not
+	}
+	tmp := ".git.agentconnect-new"
+	dirfd := int(r.Dir.Fd())
+	removeTree(r.Dir, tmp) // a leftover of a crash
+	if err := unix.Mkdirat(dirfd, tmp, 0o755); err != nil {
+		return fmt.Errorf("create a repository in workspace %s: %w", r.Host, err)
+	}
+	defer func() {
+		if retErr != nil {
+			removeTree(r.Dir, tmp)
+		}
+	}()
+	gfd, err := unix.Openat(dirfd, tmp, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("create a repository in workspace %s: %w", r.Host, err)
+	}
+	defer unix.Close(gfd)
+	for _, d := range repoDirs {
+		if err := unix.Mkdirat(gfd, d, 0o755); err != nil {
+			return fmt.Errorf("create a repository in workspace %s: %w", r.Host, err)
+		}
+	}
+	for _, f := range repoFiles {
+		fd, err := unix.Openat(gfd, f.name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		if err == nil {
+			_, err = unix.Write(fd, []byte(f.content))
+			err = errors.Join(err, unix.Fsync(fd), unix.Close(fd))
+		}
+		if err != nil {
+			return fmt.Errorf("create a repository in workspace %s: %s: %w", r.Host, f.name, err)
+		}
+	}
+	if err := unix.Renameat2(dirfd, tmp, dirfd, ".git", unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			removeTree(r.Dir, tmp)
+			return nil // made meanwhile by another session's start
+		}
+		return fmt.Errorf("create a repository in workspace %s: %w", r.Host, err)
+	}
+	// The rename is made durable through a readable fd (an O_PATH one
+	// cannot be synced).
+	if wfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		unix.Fsync(wfd)
+		unix.Close(wfd)
+	}
+	return nil
+}
+
+// removeTree removes the directory rel beneath dir and what is in it,
+// following no symlink; used for what this package made itself.
+func removeTree(dir *os.File, rel string) {
+	fd, err := unix.Openat(int(dir.Fd()), rel, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Unlinkat(int(dir.Fd()), rel, 0)
+		return
+	}
+	sub := os.NewFile(uintptr(fd), rel)
+	names, _ := sub.Readdirnames(-1)
+	for _, n := range names {
+		removeTree(sub, n)
+	}
+	sub.Close()
+	unix.Unlinkat(int(dir.Fd()), rel, unix.AT_REMOVEDIR)
+}

@@ -1,0 +1,464 @@
+// Package protect keeps a boundary's runtime from planting what tools on the
+// host trust and run: git hooks and repository config, shell rc files, editor,
+// MCP and Claude Code settings. srt (bind mounts) and microsandbox (virtiofs
+// shares, served by a virtiofsd the guest cannot reconfigure) use it alike.
+//
+// For each writable root a boundary shares, Prepare finds those names, opens
+// each by fd beneath the root (no symlink followed), makes placeholders for
+// the absent ones so they cannot be created, gives a workspace with no
+// repository one, and returns the binds the boundary applies: git directories
+// read-write (so they are mount points that cannot be renamed away) and the
+// protected names read-only. With each bind goes the identity of what was
+// opened, which Verify checks inside the boundary once its mounts are in: a
+// component swapped for a symlink between the scan and the mount (by a
+// concurrent session of the same agent, say) stops the start.
+package protect
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Names that tools on the host trust and run, made read-only in every
+// writable root and kept from being created where they are absent: a runtime
+// that planted one would run code outside its boundary the next time a host
+// tool (git, a shell, an editor, an MCP client) read it.
+var (
+	protectedFiles = []string{
+		".gitconfig", ".gitmodules", // git runs what they name
+		".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", // shells source them
+		".mcp.json", // MCP clients start the servers it lists
+	}
+	protectedDirs = []string{
+		".vscode", ".idea", // editors run their tasks
+		".claude/commands", ".claude/agents", // Claude Code runs them
+	}
+)
+
+// The parts of a git directory that make git run code, and the placeholder
+// each gets where it is absent: hooks; config (hook paths, filters,
+// aliases, fsmonitor), an empty file being an empty config; config.worktree,
+// read when the config enables it; commondir, which moves the config and the
+// hooks to another directory, and whose placeholder names the git directory
+// itself (an empty one would break the repository).
+var gitProtected = []struct {
+	name string
+	ph   kind
+}{
+	{"hooks", kind{dir: true}},
+	{"config", kind{}},
+	{"config.worktree", kind{}},
+	{"commondir", kind{content: ".\n"}},
+}
+
+// kind is what a placeholder is: an empty directory, or a file holding
+// content.
+type kind struct {
+	dir     bool
+	content string
+}
+
+// Root is one writable directory a boundary shares.
+type Root struct {
+	// Host is the directory on the host, for messages and the ledger.
+	Host string
+	// Dir is an O_PATH fd of Host: the very directory the boundary binds.
+	// Everything is looked up beneath it.
+	Dir *os.File
+	// Target is where the boundary shows the root.
+	Target string
+	// Home is the runtime's home: shells source rc files from it, so an
+	// absent one becomes an empty file; elsewhere an empty directory, which
+	// git ignores, so a repository's status does not change.
+	Home bool
+	// Workspace roots with no repository get one (see ensureRepository).
+	Workspace bool
+}
+
+// Bind is one mount the boundary applies, in order.
+type Bind struct {
+	File     *os.File // O_PATH fd of what is bound
+	Target   string   // where, inside the boundary
+	ReadOnly bool
+}
+
+// Check is what Verify expects to find at Rel beneath Root once the
+// boundary's mounts are in: the object that was bound there.
+type Check struct {
+	Root     string `json:"root"` // a root's target
+	Rel      string `json:"rel"`  // "." for the root itself
+	Dev      uint64 `json:"dev"`
+	Ino      uint64 `json:"ino"`
+	ReadOnly bool   `json:"readOnly"`
+}
+
+// RootPlan is the protection of one root.
+type RootPlan struct {
+	Binds  []Bind
+	Checks []Check
+}
+
+// Plan is the protection of a boundary's roots, in the order given.
+type Plan struct {
+	Roots []RootPlan
+	// GitDirs are the git directories protected (host paths): Audit
+	// reports on the others at the end of the run.
+	GitDirs []string
+
+	ledger string
+	roots  []Root // with fds of their own, for Audit
+}
+
+// CloseBinds closes the fds of the plan's binds, once the boundary holds its
+// own.
+func (p *Plan) CloseBinds() {
+	for _, r := range p.Roots {
+		for _, b := range r.Binds {
+			b.File.Close()
+		}
+	}
+	p.Roots = nil
+}
+
+// Release ends the run, once its boundary is gone: it leaves the ledger
+// and, when no other run is left, removes the placeholders that are still
+// empty.
+func (p *Plan) Release() {
+	p.closeFiles()
+	releaseRun(p.ledger)
+}
+
+func (p *Plan) closeFiles() {
+	p.CloseBinds()
+	for _, r := range p.roots {
+		r.Dir.Close()
+	}
+	p.roots = nil
+}
+
+// Prepare protects roots for a run of this process. It registers the run in
+// the daemon's ledger before it looks at the roots (from then on no other
+// boundary removes a placeholder this one may bind) and records the
+// placeholders it makes; Release ends the run. On error nothing stays open
+// and the run is not registered.
+func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
+	led, err := openLedger(ledgerPath)
+	if err != nil {
+		return nil, err
+	}
+	defer led.close()
+	d, err := led.read()
+	if err != nil {
+		return nil, err
+	}
+	p := &planner{plan: &Plan{ledger: ledgerPath}}
+	defer func() {
+		d.Placeholders = append(d.Placeholders, p.placeholders...)
+		if retErr == nil {
+			d.Runs = append(d.Runs, self())
+		} else if len(d.Runs) == 0 {
+			// Not running after all: the placeholders go unless another
+			// run may have bound them.
+			removePlaceholders(d.Placeholders)
+			d.Placeholders = nil
+		}
+		if err := led.write(d); err != nil && retErr == nil {
+			retErr = err
+		}
+		if retErr != nil {
+			p.plan.closeFiles()
+		}
+	}()
+	for _, r := range roots {
+		own, err := dup(r.Dir)
+		if err != nil {
+			return nil, err
+		}
+		p.plan.roots = append(p.plan.roots, Root{Host: r.Host, Dir: own, Target: r.Target, Home: r.Home, Workspace: r.Workspace})
+		p.root = RootPlan{}
+		err = p.protectRoot(r)
+		p.plan.Roots = append(p.plan.Roots, p.root)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return p.plan, nil
+}
+
+// planner builds a Plan, one root at a time.
+type planner struct {
+	plan         *Plan
+	root         RootPlan
+	placeholders []placeholder
+}
+
+func (p *planner) protectRoot(r Root) error {
+	d, err := dup(r.Dir)
+	if err != nil {
+		return err
+	}
+	if err := p.bind(r, ".", d, false); err != nil {
+		return err
+	}
+	if r.Workspace {
+		if err := ensureRepository(r); err != nil {
+			return err
+		}
+	}
+	for _, name := range protectedFiles {
+		if err := p.protect(r, name, kind{dir: !r.Home}); err != nil {
+			return err
+		}
+	}
+	for _, name := range protectedDirs {
+		if err := p.protect(r, name, kind{dir: true}); err != nil {
+			return err
+		}
+	}
+	gitDirs, err := findGitDirs(r)
+	if err != nil {
+		return err
+	}
+	for _, g := range gitDirs {
+		if err := p.protectGitDir(r, g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// protectGitDir protects the git directory at rel in r. The directory itself
+// is bound onto itself first, so that it is a mount point: renaming it away
+// (mv .git .git2 && mkdir .git) fails.
+func (p *planner) protectGitDir(r Root, rel string) error {
+	g, err := openBeneath(r.Dir, rel)
+	if err != nil {
+		return fmt.Errorf("git directory %s: %w", filepath.Join(r.Host, rel), describe(err))
+	}
+	if err := p.bind(r, rel, g, false); err != nil {
+		return err
+	}
+	p.plan.GitDirs = append(p.plan.GitDirs, filepath.Join(r.Host, rel))
+	for _, gp := range gitProtected {
+		if err := p.protect(r, filepath.Join(rel, gp.name), gp.ph); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// protect binds rel in r read-only, or a placeholder of kind ph where it is
+// absent.
+func (p *planner) protect(r Root, rel string, ph kind) error {
+	f, err := openBeneath(r.Dir, rel)
+	switch {
+	case err == nil:
+		if err := checkLinks(f, filepath.Join(r.Host, rel)); err != nil {
+			f.Close()
+			return err
+		}
+	case errors.Is(err, unix.ENOENT):
+		if f, rel, err = p.placeholder(r, rel, ph); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%s cannot be made read-only: %w", filepath.Join(r.Host, symlinkOnTheWay(r.Dir, rel, err)), describe(err))
+	}
+	return p.bind(r, rel, f, true)
+}
+
+// symlinkOnTheWay names the first symlink on the way to rel, when err says
+// there is one, so the message points at what to replace; else rel.
+func symlinkOnTheWay(dir *os.File, rel string, err error) string {
+	if !errors.Is(err, unix.ELOOP) {
+		return rel
+	}
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		q := strings.Join(parts[:i+1], "/")
+		var st unix.Stat_t
+		if unix.Fstatat(int(dir.Fd()), q, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return q
+		}
+	}
+	return rel
+}
+
+// bind adds f's bind at rel and what Verify will check there.
+func (p *planner) bind(r Root, rel string, f *os.File, readOnly bool) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return fmt.Errorf("stat %s: %w", filepath.Join(r.Host, rel), err)
+	}
+	target := r.Target
+	if rel != "." {
+		target = filepath.Join(r.Target, rel)
+	}
+	p.root.Binds = append(p.root.Binds, Bind{File: f, Target: target, ReadOnly: readOnly})
+	p.root.Checks = append(p.root.Checks, Check{Root: r.Target, Rel: rel, Dev: st.Dev, Ino: st.Ino, ReadOnly: readOnly})
+	return nil
+}
+
+// placeholder makes a placeholder of kind ph at rel in r, and the parents it
+// needs, each beneath r without following a symlink, records
+// them for removal after the run, and opens it. Where a parent on the way is
+// a file (.claude is a file, say), nothing can be created beneath it, so that
+// file is what is protected: bound read-only, it cannot be replaced by a
+// directory either.
+func (p *planner) placeholder(r Root, rel string, ph kind) (*os.File, string, error) {
+	parts := strings.Split(rel, "/")
+	dir, err := dup(r.Dir)
+	if err != nil {
+		return nil, "", err
+	}
+	defer func() { dir.Close() }()
+	for i, part := range parts {
+		sofar := strings.Join(parts[:i+1], "/")
+		last := i == len(parts)-1
+		f, err := openBeneath(dir, part)
+		if errors.Is(err, unix.ENOENT) {
+			switch {
+			case !last || ph.dir:
+				err = unix.Mkdirat(int(dir.Fd()), part, 0o755)
+				if last {
+					// Read-only anyway once bound; this says so on the host.
+					err = errors.Join(err, unix.Fchmodat(int(dir.Fd()), part, 0o555, 0))
+				}
+			default:
+				var fd int
+				fd, err = unix.Openat(int(dir.Fd()), part, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+				if err == nil {
+					_, err = unix.Write(fd, []byte(ph.content))
+					unix.Close(fd)
+				}
+			}
+			switch {
+			case err == nil:
+				p.placeholders = append(p.placeholders, placeholder{Root: r.Host, Rel: sofar})
+			case errors.Is(err, unix.EEXIST):
+				// Made meanwhile, by the runtime of another session: open it.
+			default:
+				return nil, "", fmt.Errorf("placeholder %s: %w", filepath.Join(r.Host, sofar), err)
+			}
+			f, err = openBeneath(dir, part)
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("%s cannot be made read-only: %w", filepath.Join(r.Host, sofar), describe(err))
+		}
+		if last {
+			return f, sofar, nil
+		}
+		if fi, err := f.Stat(); err == nil && !fi.IsDir() {
+			if err := checkLinks(f, filepath.Join(r.Host, sofar)); err != nil {
+				f.Close()
+				return nil, "", err
+			}
+			return f, sofar, nil
+		}
+		dir.Close()
+		dir = f
+	}
+	return nil, "", fmt.Errorf("placeholder %s: empty path", r.Host)
+}
+
+// Bounds on looking inside a protected directory for hard links.
+const (
+	linkScanDepth   = 4
+	linkScanEntries = 2000
+)
+
+// checkLinks refuses a protected file with another hard link, or a protected
+// directory holding one: a link elsewhere in a writable root would change it
+// through the other name.
+func checkLinks(f *os.File, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			return hardLinkError(path, st.Nlink)
+		}
+	case unix.S_IFDIR:
+		seen := 0
+		return walkLinks(procPath(f), path, 0, &seen)
+	}
+	return nil
+}
+
+func walkLinks(dir, shown string, depth int, seen *int) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // unreadable: the host's tools cannot read it either
+	}
+	for _, e := range entries {
+		if *seen++; *seen > linkScanEntries {
+			return fmt.Errorf("%s holds more than %d entries: too many to check for hard links; make it smaller", shown, linkScanEntries)
+		}
+		p := filepath.Join(dir, e.Name())
+		switch {
+		case e.Type().IsRegular():
+			var st unix.Stat_t
+			if unix.Lstat(p, &st) == nil && st.Nlink > 1 {
+				return hardLinkError(filepath.Join(shown, e.Name()), st.Nlink)
+			}
+		case e.IsDir() && depth < linkScanDepth:
+			if err := walkLinks(p, filepath.Join(shown, e.Name()), depth+1, seen); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func hardLinkError(path string, n uint64) error {
+	return fmt.Errorf("%s has %d hard links, and a link in a writable directory would change it: remove the other links (find them with find / -samefile %s)", path, n, path)
+}
+
+// openBeneath opens rel beneath dir as an O_PATH fd with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): no symlink is followed, the
+// last component's included.
+func openBeneath(dir *os.File, rel string) (*os.File, error) {
+	fd, err := unix.Openat2(int(dir.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(dir.Name(), rel)), nil
+}
+
+// describe says what an openat2 error means for a protected path.
+func describe(err error) error {
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return errors.New("a symlink is in the way, and a mount on a symlink would land where it points: replace it with the file or directory it points to")
+	case errors.Is(err, unix.EXDEV):
+		return errors.New("it leads out of its directory")
+	}
+	return err
+}
+
+// dup returns a second fd of f, so that the plan owns what it closes.
+func dup(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup %s: %w", f.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// procPath names f's directory for path-based reads without resolving its
+// path again: a path through /proc/self/fd is the very directory opened.
+func procPath(f *os.File) string {
+	return "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+}
