@@ -2,9 +2,14 @@ package microvm
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
+	"syscall"
+
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
 // ConfinedArgs is bwrap's command line (after "bwrap") that runs QEMU with
@@ -73,9 +78,80 @@ func FindTools() (Tools, error) {
 	return t, nil
 }
 
-// VirtiofsdArgs is virtiofsd's command line for share i.
-func (c Config) VirtiofsdArgs(virtiofsd string, i int) []string {
-	return []string{virtiofsd, "--socket-path=" + c.shareSocket(i), "-o", "source=" + c.Shares[i].Source, "-o", "cache=none", "-o", "log_level=warn"}
+// ShareTarget is where a share is bound in its virtiofsd's view, and what
+// virtiofsd serves.
+const ShareTarget = "/run/agentconnect/share"
+
+// shimTarget is where the shim binary is bound in virtiofsd's view, to run
+// share-exec.
+const shimTarget = "/run/agentconnect/agentconnect-shim"
+
+// virtiofsdCaps are the capabilities QEMU's C virtiofsd needs: its own
+// sandbox (new mount, pid and net namespaces, pivot_root into the share,
+// dropping capabilities) and serving files of any owner. Everything else is
+// dropped before it runs.
+var virtiofsdCaps = []string{
+	"CAP_SYS_ADMIN", "CAP_SYS_CHROOT", "CAP_SETPCAP",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_SETGID", "CAP_SETUID", "CAP_MKNOD", "CAP_SETFCAP",
+}
+
+// VirtiofsdLaunch is how share i's virtiofsd starts: bwrap's command line
+// (after "bwrap") and the files it names, to be passed at fds 3 and up. The
+// share is bound from its fd (binds[0], the share's root; then, for a
+// writable share, its git directories and protected names, read-only) at
+// ShareTarget, which is all virtiofsd serves: so the guest, root in its own
+// kernel, can neither write a protected name nor undo the mounts that
+// protect it. virtiofsd runs with the system read-only, the daemon's home
+// and every home hidden, no network, its own pid namespace and only the
+// capabilities it needs; share-exec checks the binds (protect.Verify, with
+// checks at fd 3) before it execs virtiofsd.
+func (c Config) VirtiofsdLaunch(virtiofsd string, i int, shim *os.File, binds []protect.Bind, checks *os.File) ([]string, []*os.File) {
+	files := []*os.File{checks}
+	fd := func(f *os.File) string {
+		files = append(files, f)
+		return strconv.Itoa(3 + len(files) - 1)
+	}
+	args := []string{
+		"--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-pid",
+		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
+	}
+	hidden := append([]string(nil), c.Hidden...)
+	sort.Strings(hidden)
+	for _, h := range hidden {
+		args = append(args, "--tmpfs", h)
+	}
+	args = append(args, "--bind", c.RunDir, c.RunDir, "--ro-bind-fd", fd(shim), shimTarget)
+	for _, b := range binds {
+		op := "--bind-fd"
+		if b.ReadOnly {
+			op = "--ro-bind-fd"
+		}
+		args = append(args, op, fd(b.File), b.Target)
+	}
+	args = append(args, "--cap-drop", "ALL")
+	for _, cp := range virtiofsdCaps {
+		args = append(args, "--cap-add", cp)
+	}
+	args = append(args, "--", shimTarget, "share-exec", "--",
+		virtiofsd, "--socket-path="+c.shareSocket(i), "-o", "source="+ShareTarget, "-o", "cache=none", "-o", "log_level=warn")
+	return args, files
+}
+
+// ShareExec is `agentconnect-shim share-exec -- PROGRAM ARGS...`, inside
+// virtiofsd's bwrap: it checks that the share's binds landed where they
+// should (the checks at fd 3), then execs PROGRAM.
+func ShareExec(args []string) error {
+	if len(args) < 2 || args[0] != "--" {
+		return errors.New("usage: share-exec -- PROGRAM [ARG...]")
+	}
+	checks, err := protect.ReadChecks(3)
+	if err == nil {
+		err = protect.Verify(checks)
+	}
+	if err != nil {
+		return fmt.Errorf("share-exec: %w", err)
+	}
+	return fmt.Errorf("share-exec: exec %s: %w", args[1], syscall.Exec(args[1], args[1:], os.Environ()))
 }
 
 // ShareSocket is where virtiofsd of share i listens.

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -72,7 +71,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	}
 	// The writable roots, each opened once: what is bound is what is
 	// protected.
-	roots, err := agentDirs(cfg)
+	roots, err := protect.OpenAgentDirs(cfg.AgentDir, cfg.SharedWorkspace, cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +87,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	for i, m := range cfg.Mounts {
 		// The source was resolved when the agent was saved; a symlink put
 		// in its place since is refused rather than followed.
-		f, err := openNoSymlinks(m.Source)
+		f, err := protect.OpenNoSymlinks(m.Source)
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("mount %s: %w", m.Source, err)
@@ -255,62 +254,6 @@ func (b *builder) makeRoom(target string, cfg Config) error {
 	}
 	b.readOnlyLater = append(b.readOnlyLater, parent)
 	return nil
-}
-
-// agentDirs opens the agent's four directories, each beneath the agent
-// directory without following a symlink (the shared workspace by its own
-// path, likewise), so that a symlink planted by an earlier session cannot
-// redirect one. They are the first writable roots.
-func agentDirs(cfg Config) ([]protect.Root, error) {
-	var roots []protect.Root
-	for i, d := range []string{cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp} {
-		var f *os.File
-		var err error
-		if i == 0 && cfg.SharedWorkspace {
-			f, err = openNoSymlinks(d)
-		} else {
-			f, err = openBeneath(cfg.AgentDir, d)
-		}
-		if err != nil {
-			for _, r := range roots {
-				r.Dir.Close()
-			}
-			return nil, fmt.Errorf("open %s: %w", d, err)
-		}
-		roots = append(roots, protect.Root{Host: d, Dir: f, Target: d, Workspace: i == 0, Home: i == 1})
-	}
-	return roots, nil
-}
-
-// openBeneath opens path, which must be inside root, as an O_PATH fd with
-// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS).
-func openBeneath(root, path string) (*os.File, error) {
-	rel, err := filepath.Rel(root, path)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return nil, fmt.Errorf("%s is not inside %s", path, root)
-	}
-	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: root, Err: err}
-	}
-	defer unix.Close(rootFD)
-	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			err = errors.New("a symlink is in the way (it is not followed)")
-		}
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	return os.NewFile(uintptr(fd), path), nil
-}
-
-// openNoSymlinks opens an absolute path as an O_PATH fd, refusing any
-// symlink on the way.
-func openNoSymlinks(path string) (*os.File, error) {
-	return openBeneath("/", path)
 }
 
 // within reports whether p is dir or below it.

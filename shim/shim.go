@@ -13,8 +13,8 @@
 //	        shim on a pipe)
 //	sandbox-exec  inside an srt sandbox: hand the proxy listeners to the
 //	        shim, restrict writes with Landlock, exec the runtime
-//	readonly-exec  in a mount namespace of its own, make a directory
-//	        read-only and exec a program (virtiofsd for a ro share)
+//	share-exec  inside the bwrap around a microsandbox share's virtiofsd:
+//	        check the share's protected binds, exec virtiofsd
 package shim
 
 import (
@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/sandbox"
 )
 
@@ -36,8 +37,8 @@ func Main(args []string, stdout io.Writer) error {
 		return runInit(args[1:])
 	case "sandbox-exec":
 		return sandbox.Exec(args[1:])
-	case "readonly-exec":
-		return readonlyExec(args[1:])
+	case "share-exec":
+		return microvm.ShareExec(args[1:])
 	}
 	fs := flag.NewFlagSet("agentconnect-shim "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")

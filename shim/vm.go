@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/outputlog"
@@ -46,12 +48,17 @@ type vmRun struct {
 	network    *vmnet.Network
 	netL       net.Listener
 	violations *violationLog
-	helpers    []int // virtiofsd processes
-	launcher   int   // init, then bwrap around QEMU: killing it ends the VM
-	serial     *vmtransport.SerialClient
-	dialer     vmtransport.Dialer
-	client     *ttrpc.Client
-	agent      vmagentv1.VMAgentService
+	// plan protects the writable shares; shares holds each share's binds
+	// and checks until its virtiofsd has started.
+	plan     *protect.Plan
+	shares   []protect.RootPlan
+	helpers  []int                       // virtiofsd's bwrap processes
+	helperEx []<-chan syscall.WaitStatus // and their exits
+	launcher int                         // init, then bwrap around QEMU: killing it ends the VM
+	serial   *vmtransport.SerialClient
+	dialer   vmtransport.Dialer
+	client   *ttrpc.Client
+	agent    vmagentv1.VMAgentService
 
 	mu      sync.Mutex // guards qemuErr
 	qemuErr strings.Builder
@@ -80,11 +87,15 @@ func (s *service) launchVM() (pid int, retErr error) {
 	if err := s.startVMNetwork(vm); err != nil {
 		return 0, sandboxSetupError(err)
 	}
+	if err := s.protectShares(vm); err != nil {
+		return 0, sandboxSetupError(err)
+	}
 	for i := range vm.cfg.Shares {
 		if err := s.startVirtiofsd(vm, i); err != nil {
 			return 0, sandboxSetupError(err)
 		}
 	}
+	vm.plan.CloseBinds()
 	st.done("devices")
 
 	// QEMU's stderr tells why it failed, when it does.
@@ -199,35 +210,109 @@ func (s *service) startVMNetwork(vm *vmRun) error {
 	return nil
 }
 
-// startVirtiofsd starts the daemon serving share i. A read-only share is
-// served from a read-only bind of its source, in a mount namespace of its
-// own, so that not even the guest's root can write through it.
+// protectShares opens every share by fd (the agent's directories beneath
+// the agent directory, with no symlink followed) and protects the writable
+// ones as srt protects its writable roots: their git directories and
+// protected names are bound read-only in the view of the virtiofsd that
+// serves them, where the guest cannot undo it.
+func (s *service) protectShares(vm *vmRun) error {
+	sb, shares := s.rec.Spec.Sandbox, vm.cfg.Shares
+	if sb == nil || len(shares) < 4 {
+		return fmt.Errorf("session %s: the VM lacks the agent's directories", s.rec.ID)
+	}
+	dirs, err := protect.OpenAgentDirs(sb.AgentDir, sb.SharedWorkspace, shares[0].Source, shares[1].Source, shares[2].Source, shares[3].Source)
+	if err != nil {
+		return err
+	}
+	var files []*os.File
+	for _, d := range dirs {
+		files = append(files, d.Dir)
+	}
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for _, sh := range shares[4:] {
+		f, err := protect.OpenNoSymlinks(sh.Source)
+		if err != nil {
+			return fmt.Errorf("mount %s: %w", sh.Source, err)
+		}
+		files = append(files, f)
+	}
+	var roots []protect.Root
+	for i, sh := range shares {
+		if !sh.ReadOnly {
+			roots = append(roots, protect.Root{Host: sh.Source, Dir: files[i], Target: microvm.ShareTarget,
+				Workspace: i == 0, Home: i == 1})
+		}
+	}
+	if vm.plan, err = protect.Prepare(filepath.Join(sb.DaemonHome, "run", "sandboxes.json"), roots); err != nil {
+		return err
+	}
+	next := 0
+	for i, sh := range shares {
+		if !sh.ReadOnly {
+			vm.shares = append(vm.shares, vm.plan.Roots[next])
+			next++
+			continue
+		}
+		rp, err := protect.ReadOnly(files[i], microvm.ShareTarget)
+		if err != nil {
+			return err
+		}
+		files[i] = nil // rp holds it; closed once its virtiofsd started
+		vm.shares = append(vm.shares, rp)
+	}
+	return nil
+}
+
+// startVirtiofsd starts the daemon serving share i, confined in bwrap with
+// the share bound from its fd (see microvm.Config.VirtiofsdLaunch).
 func (s *service) startVirtiofsd(vm *vmRun, i int) error {
 	sh := vm.cfg.Shares[i]
 	sock := vm.cfg.ShareSocket(i)
 	os.Remove(sock)
-	args := vm.cfg.VirtiofsdArgs(vm.tools.Virtiofsd, i)
-	path := vm.tools.Virtiofsd
-	attr := &os.ProcAttr{Files: []*os.File{nil, os.Stderr, os.Stderr}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
-	if sh.ReadOnly {
-		path = "/proc/self/exe"
-		args = append([]string{"agentconnect-shim", "readonly-exec", sh.Source, "--"}, args...)
-		attr.Sys = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	rp := vm.shares[i]
+	defer func() {
+		if sh.ReadOnly {
+			rp.Binds[0].File.Close() // a writable share's binds are the plan's
+		}
+	}()
+	checks, err := protect.ChecksFile(rp.Checks)
+	if err != nil {
+		return err
 	}
-	pid, _, err := s.spawn(path, args, attr)
+	defer checks.Close()
+	exe, err := os.OpenFile("/proc/self/exe", unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer exe.Close()
+	args, files := vm.cfg.VirtiofsdLaunch(vm.tools.Virtiofsd, i, exe, rp.Binds, checks)
+	attr := &os.ProcAttr{Files: append([]*os.File{nil, os.Stderr, os.Stderr}, files...),
+		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
+	pid, exited, err := s.spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
 	if err != nil {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
 	vm.helpers = append(vm.helpers, pid)
+	vm.helperEx = append(vm.helperEx, exited)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err == nil {
 			return nil
 		}
+		select {
+		case <-exited:
+			return fmt.Errorf("virtiofsd for %s exited before it listened (see shim.log)", sh.Source)
+		case <-time.After(5 * time.Millisecond):
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("virtiofsd for %s did not listen on %s (see shim.log)", sh.Source, sock)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -412,6 +497,21 @@ func (vm *vmRun) stop() {
 	}
 	for _, p := range vm.helpers {
 		syscall.Kill(p, syscall.SIGKILL)
+	}
+	for _, ex := range vm.helperEx {
+		select {
+		case <-ex:
+		case <-time.After(killTimeout):
+		}
+	}
+	for _, rp := range vm.shares {
+		if len(rp.Binds) == 1 && rp.Binds[0].ReadOnly {
+			rp.Binds[0].File.Close() // a read-only share's, if its virtiofsd never started
+		}
+	}
+	if vm.plan != nil {
+		// virtiofsd is gone with its mounts: the placeholders may go.
+		vm.plan.Release()
 	}
 	if vm.violations != nil {
 		vm.violations.close()

@@ -423,6 +423,77 @@ func hardLinkError(path string, n uint64) error {
 	return fmt.Errorf("%s has %d hard links, and a link in a writable directory would change it: remove the other links (find them with find / -samefile %s)", path, n, path)
 }
 
+// ReadOnly is the plan of a root shared read-only: the root bound read-only
+// at target from f, and the check that it is. Nothing beneath it needs
+// protecting.
+func ReadOnly(f *os.File, target string) (RootPlan, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return RootPlan{}, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	return RootPlan{
+		Binds:  []Bind{{File: f, Target: target, ReadOnly: true}},
+		Checks: []Check{{Root: target, Rel: ".", Dev: st.Dev, Ino: st.Ino, ReadOnly: true}},
+	}, nil
+}
+
+// OpenAgentDirs opens an agent's four directories as the first writable
+// roots of a boundary, each seen at its own path: each beneath the agent
+// directory without following a symlink (a shared workspace by its own path,
+// likewise), so that a symlink planted by an earlier session cannot redirect
+// one.
+func OpenAgentDirs(agentDir string, sharedWorkspace bool, workspace, home, memory, tmp string) ([]Root, error) {
+	var roots []Root
+	for i, d := range []string{workspace, home, memory, tmp} {
+		var f *os.File
+		var err error
+		if i == 0 && sharedWorkspace {
+			f, err = OpenNoSymlinks(d)
+		} else {
+			f, err = OpenPath(agentDir, d)
+		}
+		if err != nil {
+			for _, r := range roots {
+				r.Dir.Close()
+			}
+			return nil, fmt.Errorf("open %s: %w", d, err)
+		}
+		roots = append(roots, Root{Host: d, Dir: f, Target: d, Workspace: i == 0, Home: i == 1})
+	}
+	return roots, nil
+}
+
+// OpenPath opens path, which must be inside root, as an O_PATH fd with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS).
+func OpenPath(root, path string) (*os.File, error) {
+	rel, err := filepath.Rel(root, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("%s is not inside %s", path, root)
+	}
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rootFD)
+	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = errors.New("a symlink is in the way (it is not followed)")
+		}
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// OpenNoSymlinks opens an absolute path as an O_PATH fd, refusing any
+// symlink on the way.
+func OpenNoSymlinks(path string) (*os.File, error) {
+	return OpenPath("/", path)
+}
+
 // openBeneath opens rel beneath dir as an O_PATH fd with
 // openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): no symlink is followed, the
 // last component's included.

@@ -284,6 +284,24 @@ func TestEnsureRepository(t *testing.T) {
 	}
 }
 
+func TestOpenPathRefusesSymlinks(t *testing.T) {
+	agent := t.TempDir()
+	outside := t.TempDir()
+	os.Mkdir(filepath.Join(agent, "workspace"), 0o700)
+	os.Symlink(outside, filepath.Join(agent, "home"))
+	f, err := OpenPath(agent, filepath.Join(agent, "workspace"))
+	if err != nil {
+		t.Fatalf("OpenPath(workspace) = %v", err)
+	}
+	f.Close()
+	if _, err := OpenPath(agent, filepath.Join(agent, "home")); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("openBeneath through a symlink = %v, want a refusal naming the symlink", err)
+	}
+	if _, err := OpenPath(agent, outside); err == nil {
+		t.Error("openBeneath of a path outside the root succeeded")
+	}
+}
+
 func TestFindGitDirsFollowsGitFiles(t *testing.T) {
 	ws := t.TempDir()
 	os.Mkdir(filepath.Join(ws, "main"), 0o755)

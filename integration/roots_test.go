@@ -1,0 +1,222 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/testdns"
+	"github.com/agentconnect-md/agentconnect/vmnet"
+)
+
+// batteryFuncs are the verdicts of a battery line: deny NAME CMD prints
+// "held NAME" when CMD fails (an attempt that must fail), allow NAME CMD
+// prints "works NAME" when it succeeds (a positive control); ESCAPED and
+// BROKEN when either does the opposite.
+const batteryFuncs = `
+deny() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "ESCAPED $n"; else echo "held $n"; fi; }
+allow() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "works $n"; else echo "BROKEN $n"; fi; }
+`
+
+// rootsBattery attacks the writable roots beyond a repository the host made
+// at the workspace's root: a workspace with no repository (the daemon gives
+// it one before the session, so git init there cannot make an unprotected
+// one), a repository the host made nested in it (proj), and an extra rw
+// mount holding a repository (/work, protected by its source). srt and
+// microsandbox run it alike.
+const rootsBattery = `
+deny root-init-hook sh -c 'git init -q . ; echo "#!/bin/sh" > .git/hooks/pre-commit'
+deny root-hook-dir sh -c 'rm -rf .git/hooks; mkdir -p .git/hooks && echo x > .git/hooks/pre-commit'
+deny root-config sh -c 'echo "[core]" >> .git/config'
+deny root-config-by-git git config core.fsmonitor 'touch /tmp/pwned'
+deny root-commondir sh -c 'echo /tmp/elsewhere > .git/commondir'
+deny root-config-worktree sh -c 'echo "[core]" > .git/config.worktree'
+deny root-mv-git sh -c 'mv .git .git2 && mkdir -p .git/hooks && echo x > .git/hooks/pre-commit'
+deny nested-hook sh -c 'echo x > proj/.git/hooks/pre-commit'
+deny nested-config-by-git git -C proj config core.hooksPath /tmp
+deny nested-hardlink ln proj/.git/config cfglink
+deny nested-mv sh -c 'mv proj/.git proj/.git2 && mkdir -p proj/.git/hooks && echo x > proj/.git/hooks/pre-commit'
+deny mount-hook sh -c 'echo x > /work/.git/hooks/pre-commit'
+deny mount-config sh -c 'echo x >> /work/.git/config'
+deny mount-bashrc sh -c 'echo x > /work/.bashrc'
+deny mount-mcp sh -c 'echo {} > /work/.mcp.json'
+deny mount-mv-git sh -c 'mv /work/.git /work/.git2 && mkdir -p /work/.git/hooks && echo x > /work/.git/hooks/pre-commit'
+allow root-git-work sh -c 'echo a > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm root-commit && git branch b2 && git log --oneline | grep -q root-commit'
+allow nested-git-work sh -c 'cd proj && echo b > b.txt && git add b.txt && git -c user.name=t -c user.email=t@t commit -qm nested-commit'
+allow mount-write sh -c 'echo m > /work/m.txt'
+allow sub-git-init sh -c 'mkdir sub && cd sub && git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m x'
+allow sub-plant sh -c 'printf "#!/bin/sh\n" > sub/.git/hooks/pre-commit && git -C sub config core.fsmonitor "touch /tmp/pwned"'
+`
+
+// vmBattery is what a microsandbox session must not reach beyond the roots:
+// the host's files that were not shared, the protected names of the home
+// and workspace, the host's loopback without an entry, private and metadata
+// addresses, a name resolving to loopback.
+const vmBattery = `
+conn() { timeout 8 bash -c "exec 3<>/dev/tcp/$1/$2 && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && head -c 16 <&3 | grep -q ."; }
+deny daemon-home ls "$T_DAEMON_HOME/sessions"
+deny daemon-config cat "$T_DAEMON_HOME/config.json"
+deny other-agent cat "$T_OTHER_WS/secret.txt"
+deny host-tmp cat "$T_HOST_TMP"
+deny home-bashrc sh -c 'echo x >> "$HOME/.bashrc"'
+deny home-profile sh -c 'echo x > "$HOME/.profile"'
+deny home-gitconfig sh -c 'echo "[alias]" > "$HOME/.gitconfig"'
+deny ws-bashrc sh -c 'echo x > .bashrc'
+deny ws-mcp sh -c 'echo {} > .mcp.json'
+deny ws-vscode sh -c 'mkdir -p .vscode && echo x > .vscode/tasks.json'
+deny ws-vscode-swap sh -c 'rm -rf .vscode && ln -s /tmp .vscode'
+deny claude-agents sh -c 'mkdir -p .claude/agents && echo x > .claude/agents/x.md'
+deny host-loopback conn ` + vmnet.HostIP + ` "$T_LOOPBACK_PORT"
+deny private-ip conn "$T_PRIVATE_IP" "$T_PUBLIC_PORT"
+deny metadata conn 169.254.169.254 80
+deny loopback-name conn loop.test "$T_LOOPBACK_PORT"
+allow public-ip conn "$T_PUBLIC_IP" "$T_PUBLIC_PORT"
+allow write-home sh -c 'echo x > "$HOME/home.txt"'
+allow write-tmp sh -c 'echo x > /tmp/t && echo x > "$TMPDIR/t"'
+`
+
+// rootsEnv is a roots battery's setup: a workspace without a repository
+// (but a repository nested in it) and an rw mount holding one, both made
+// on the host before the session.
+type rootsEnv struct {
+	home, ws, mount string
+	before          map[string][]byte // protected files as the host made them
+}
+
+func setupRoots(t *testing.T, home, strategy, script string, extra ...string) rootsEnv {
+	t.Helper()
+	mount := t.TempDir()
+	gitHost(t, mount, "init", "-q")
+	args := append([]string{"agent", "create", "box", "--strategy", strategy, "--mount", mount + ":/work:rw"}, extra...)
+	ok(t, home, append(args, "--", "sh", "-c", script)...)
+	e := rootsEnv{home: home, ws: filepath.Join(agentDir(t, home, "box"), "workspace"), mount: mount, before: map[string][]byte{}}
+	os.MkdirAll(filepath.Join(e.ws, "proj"), 0o755)
+	gitHost(t, filepath.Join(e.ws, "proj"), "init", "-q")
+	for _, p := range []string{filepath.Join(e.ws, "proj/.git/config"), filepath.Join(mount, ".git/config")} {
+		e.before[p], _ = os.ReadFile(p)
+	}
+	return e
+}
+
+func gitHost(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "safe.directory=*", "-C", dir}, args...)...)
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v in %s: %v: %s", args, dir, err, out)
+	}
+	return string(out)
+}
+
+// verdicts checks a battery's output: every deny line held, every allow
+// line worked.
+func verdicts(t *testing.T, script, out string) {
+	t.Helper()
+	held, works := 0, 0
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		verdict, name, _ := strings.Cut(sc.Text(), " ")
+		switch verdict {
+		case "held":
+			held++
+		case "works":
+			works++
+		case "ESCAPED":
+			t.Errorf("escape attempt %s succeeded", name)
+		case "BROKEN":
+			t.Errorf("positive control %s failed", name)
+		}
+	}
+	if want := strings.Count(script, "\ndeny "); held != want {
+		t.Errorf("%d escape attempts held, want %d:\n%s", held, want, out)
+	}
+	if want := strings.Count(script, "\nallow "); works != want {
+		t.Errorf("%d positive controls worked, want %d:\n%s", works, want, out)
+	}
+	t.Logf("%d escape attempts held, %d positive controls worked", held, works)
+}
+
+// checkHost looks at the roots from the host after the session: what the
+// battery attempted is not there, what it was allowed to do is.
+func (e rootsEnv) checkHost(t *testing.T) {
+	t.Helper()
+	if fi, err := os.Stat(filepath.Join(e.ws, ".git")); err != nil || !fi.IsDir() {
+		t.Fatalf("the workspace has no repository of the daemon's: %v", err)
+	}
+	if log := gitHost(t, e.ws, "log", "--oneline"); !strings.Contains(log, "root-commit") {
+		t.Errorf("the workspace's repository lacks the session's commit: %q", log)
+	}
+	if log := gitHost(t, filepath.Join(e.ws, "proj"), "log", "--oneline"); !strings.Contains(log, "nested-commit") {
+		t.Errorf("the nested repository lacks the session's commit: %q", log)
+	}
+	for _, p := range []string{
+		filepath.Join(e.ws, ".git/hooks/pre-commit"), filepath.Join(e.ws, ".git2"), filepath.Join(e.ws, "cfglink"),
+		filepath.Join(e.ws, "proj/.git/hooks/pre-commit"), filepath.Join(e.ws, "proj/.git2"),
+		filepath.Join(e.mount, ".git/hooks/pre-commit"), filepath.Join(e.mount, ".git2"),
+	} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s exists on the host after the session", p)
+		}
+	}
+	// The placeholders go just after the exit is reported.
+	for _, p := range []string{filepath.Join(e.mount, ".bashrc"), filepath.Join(e.mount, ".mcp.json"), filepath.Join(e.ws, ".bashrc")} {
+		eventually(t, 10*time.Second, "placeholder "+p+" is removed", func() bool {
+			_, err := os.Lstat(p)
+			return os.IsNotExist(err)
+		})
+	}
+	for p, b := range e.before {
+		if now, _ := os.ReadFile(p); !bytes.Equal(now, b) {
+			t.Errorf("%s changed during the session:\n%s\nwas:\n%s", p, now, b)
+		}
+	}
+	if cfg, _ := os.ReadFile(filepath.Join(e.ws, ".git/config")); strings.Contains(string(cfg), "fsmonitor") {
+		t.Errorf("the workspace's config was written: %s", cfg)
+	}
+	if _, err := os.ReadFile(filepath.Join(e.mount, "m.txt")); err != nil {
+		t.Errorf("the rw mount was not written through: %v", err)
+	}
+}
+
+func TestSRTRootsBattery(t *testing.T) {
+	requireRoot(t)
+	requireBwrap(t)
+	home := newHome(t)
+	startDaemon(t, home)
+	e := setupRoots(t, home, "srt", batteryFuncs+rootsBattery+"echo done\n")
+	r := run(t, home, "", "exec", "box")
+	if r.code != 0 {
+		t.Fatalf("battery: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	verdicts(t, rootsBattery, r.stdout)
+	e.checkHost(t)
+}
+
+func TestMicrosandboxBattery(t *testing.T) {
+	requireMicrosandbox(t)
+	startPublicNet(t)
+	loopback := loopbackServer(t, "loopback")
+	dns := testdns.Start(t, map[string][]netip.Addr{"loop.test": {netip.MustParseAddr("127.0.0.1")}})
+	h, _ := startVMDaemon(t, `, "resolver": "`+dns+`"`)
+	ok(t, h, "agent", "create", "other", "--strategy", "microsandbox", "--", "true")
+	otherWS := filepath.Join(agentDir(t, h, "other"), "workspace")
+	os.WriteFile(filepath.Join(otherWS, "secret.txt"), []byte("secret\n"), 0o644)
+	hostTmp := filepath.Join(t.TempDir(), "host-secret")
+	os.WriteFile(hostTmp, []byte("host secret\n"), 0o644)
+	script := batteryFuncs + rootsBattery + vmBattery + "echo done\n"
+	e := setupRoots(t, h, "microsandbox", script,
+		"--env", "T_DAEMON_HOME="+h, "--env", "T_OTHER_WS="+otherWS, "--env", "T_HOST_TMP="+hostTmp,
+		"--env", fmt.Sprintf("T_LOOPBACK_PORT=%d", loopback), "--env", "T_PRIVATE_IP="+privateServerIP,
+		"--env", "T_PUBLIC_IP="+publicServerIP, "--env", fmt.Sprintf("T_PUBLIC_PORT=%d", publicPort))
+	_, out := startAndWait(t, h, "box", "")
+	verdicts(t, rootsBattery+vmBattery, out)
+	e.checkHost(t)
+}
