@@ -179,6 +179,9 @@ func (d *daemon) start() {
 	}
 	d.cmd = exec.Command(bin, append([]string{"--home", d.home, "run"}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = log, log
+	// A file the daemon's parent leaves open, as a terminal or a CI runner
+	// does: no session may inherit it (the batteries' inherited-fds).
+	d.cmd.ExtraFiles = []*os.File{log}
 	if d.cred != nil {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: d.cred}
 	}

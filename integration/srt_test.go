@@ -52,6 +52,9 @@ const battery = `
 deny() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "ESCAPED $n"; else echo "held $n"; fi; }
 allow() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "works $n"; else echo "BROKEN $n"; fi; }
 py() { python3 -c "import ctypes,sys,socket,os; libc=ctypes.CDLL(None, use_errno=True); $1"; }
+# The fds beyond stdio the runtime (this shell) started with, read before it
+# made any redirection of its own (shells keep saved fds at 10 and up).
+python3 -c 'import os; open(os.environ["TMPDIR"] + "/fds0", "w").write(" ".join(sorted(set(os.listdir("/proc/%d/fd" % os.getppid())) - {"0", "1", "2"})))'
 
 deny write-usr touch /usr/agentconnect-escape
 deny write-etc sh -c 'echo x > /etc/agentconnect-escape'
@@ -93,6 +96,7 @@ deny dns-python py 'socket.getaddrinfo("example.com", 80)'
 deny read-agent-json cat "$(dirname "$HOME")/agent.json"
 deny unexpected-env sh -c 'env | cut -d= -f1 | grep -vqE "^(HOME|TMPDIR|PATH|LANG|TERM|PWD|OLDPWD|SHLVL|_|(HTTPS?|ALL|NO)_PROXY|(https?|all|no)_proxy|T_[A-Z_]+)$"'
 deny daemon-secret-env sh -c 'cat /proc/*/environ 2>/dev/null | tr "\0" "\n" | grep -q "$T_SECRET_A$T_SECRET_B"'
+deny inherited-fds test -s "$TMPDIR/fds0"
 
 allow write-workspace sh -c 'echo x > ws.txt'
 allow write-home sh -c 'echo x > "$HOME/home.txt"'

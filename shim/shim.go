@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/agentconnect-md/agentconnect/internal/fds"
 	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/sandbox"
 )
@@ -49,6 +50,8 @@ func Main(args []string, stdout io.Writer) error {
 	if *dir == "" || *socket == "" {
 		return errors.New("--session-dir and --socket are required")
 	}
+	// What the supervisor's parent left open must not reach the runtime.
+	fds.CloseOnExec()
 	switch args[0] {
 	case "start":
 		return bootstrap(*dir, *socket, stdout)

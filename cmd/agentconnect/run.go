@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/fds"
 	"github.com/agentconnect-md/agentconnect/supervisor"
 	"github.com/agentconnect-md/agentconnect/version"
 )
@@ -70,6 +71,7 @@ func newLogger() *logrus.Logger {
 }
 
 func runDaemon(g *globals, configPath string, requireSandbox bool) error {
+	fds.CloseOnExec()
 	layout, err := g.layout()
 	if err != nil {
 		return err
