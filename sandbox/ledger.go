@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -77,6 +78,16 @@ func (l *ledger) read() (*ledgerData, error) {
 func (l *ledger) write(d *ledgerData) error {
 	return atomicfile.WriteVolatileJSON(l.path, d, 0o600)
 }
+
+// LedgerPath is the ledger of the daemon whose home is daemonHome.
+func LedgerPath(daemonHome string) string {
+	return filepath.Join(daemonHome, "run", "sandboxes.json")
+}
+
+// ReleaseDead takes the runs whose shims are gone off the ledger at path
+// and, when no sandbox runs any more, removes the placeholders: what a shim
+// that was killed could not do itself.
+func ReleaseDead(path string) { releaseRun(path) }
 
 // release ends a sandbox's run: it leaves the ledger, and when no other
 // sandbox runs, removes every placeholder that is still an empty mount

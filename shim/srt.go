@@ -133,7 +133,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
 		NestedSandbox: sb.NestedSandbox, Command: spec.Command, EmptyFile: empty.file, EmptyDir: empty.dir,
-		Ledger: filepath.Join(sb.DaemonHome, "run", "sandboxes.json"),
+		Ledger: sandbox.LedgerPath(sb.DaemonHome),
 	}, exe, true)
 	if err != nil {
 		return nil, err

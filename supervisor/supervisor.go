@@ -48,6 +48,9 @@ type Options struct {
 	Log  *logrus.Logger
 	// Ready is called once the admin socket serves, after recovery.
 	Ready func()
+	// StartTimeout bounds a shim's Start call; zero is the default, longer
+	// than the shim's own bound. Tests shorten it to make starts time out.
+	StartTimeout time.Duration
 }
 
 // Supervisor is a running daemon.
