@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -201,7 +202,10 @@ func (s *service) launch() (pid int, retErr error) {
 	pid = launcher
 	nsInit := 0
 	if srt != nil && execErr == "" {
-		nsInit, pid = srt.started()
+		var err error
+		if nsInit, pid, err = srt.started(); err != nil {
+			return 0, s.abortSandbox(launcher, exitStatus, srt, err)
+		}
 		st.done("sandbox")
 	}
 	var copiers sync.WaitGroup
@@ -231,6 +235,28 @@ func (s *service) launch() (pid int, retErr error) {
 		close(s.cleanedUp)
 	}()
 	return pid, nil
+}
+
+// abortSandbox ends an srt sandbox that did not come up: everything it
+// started is killed and reaped before the start fails, so that no run with
+// an unknown pid is left. The error says why, in bwrap's or sandbox-exec's
+// words when the sandbox ended by itself.
+func (s *service) abortSandbox(launcher int, exitStatus <-chan syscall.WaitStatus, srt *srtRun, err error) error {
+	// The launcher is not reaped yet, so its pid (and group) is still ours.
+	killGroup(launcher, syscall.SIGKILL)
+	if len(s.cg.Dirs) > 0 {
+		if kerr := s.cg.Kill(killTimeout); kerr != nil {
+			s.log.WithError(kerr).Warn("kill the sandbox that did not start")
+		}
+	}
+	ws := <-exitStatus
+	if errors.Is(err, errSandboxEnded) {
+		code, _ := exitCode(ws, "")
+		if _, reason, ok := srt.exit(code); ok {
+			return sandboxSetupError(errors.New(strings.TrimPrefix(reason, "sandbox setup: ")))
+		}
+	}
+	return sandboxSetupError(err)
 }
 
 // steps times the steps of a start, for the log: where a slow start goes.
