@@ -71,7 +71,7 @@ func (s *service) launchVM() (pid int, retErr error) {
 	if vm.tools, err = microvm.FindTools(); err != nil {
 		return 0, sandboxSetupError(err)
 	}
-	if err := microvm.PrepareDisks(vm.cfg); err != nil {
+	if err := microvm.PrepareDisks(vm.cfg, s.runHelper); err != nil {
 		return 0, sandboxSetupError(err)
 	}
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
