@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,4 +84,53 @@ func TestLostSessionSparesReusedPid(t *testing.T) {
 	if !procstat.Alive(stranger.Process.Pid, strangerStart) {
 		t.Error("the daemon killed a process whose pid a lost session recorded with another start time")
 	}
+}
+
+// TestAgentRemoveRacesStart races `agent rm` with `session start` of the
+// same agent, again and again: whichever wins, there is never a session of
+// a removed agent, nor a running session whose agent directory is gone.
+// The start used to read the agent, let go of the lock, and register the
+// session only once it ran: a removal in between went through.
+func TestAgentRemoveRacesStart(t *testing.T) {
+	home := newHome(t)
+	startDaemon(t, home)
+	removedUnderStart := 0
+	for i := 0; i < 20; i++ {
+		ok(t, home, "agent", "create", "racer", "--", "sleep", "600")
+		dir := agentDir(t, home, "racer")
+		var start, rm result
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); start = run(t, home, "", "session", "start", "racer") }()
+		go func() { defer wg.Done(); rm = run(t, home, "", "agent", "rm", "racer") }()
+		wg.Wait()
+		var sessions []session
+		okJSON(t, home, &sessions, "session", "ls")
+		var agents []struct{ Name string }
+		okJSON(t, home, &agents, "agent", "ls")
+		agentLeft := len(agents) == 1
+		if rm.code == 0 == agentLeft {
+			t.Fatalf("round %d: agent rm exit %d (%s), agents %+v", i, rm.code, rm.stderr, agents)
+		}
+		for _, s := range sessions {
+			if !agentLeft {
+				removedUnderStart++
+				t.Errorf("round %d: session %s (%s) of the removed agent (start exit %d, rm exit %d)", i, s.ID, s.State, start.code, rm.code)
+			}
+			if _, err := os.Stat(dir); s.State == "running" && err != nil {
+				t.Errorf("round %d: session %s runs in a removed agent directory: %v", i, s.ID, err)
+			}
+			run(t, home, "", "session", "rm", "--force", s.ID)
+		}
+		if agentLeft {
+			ok(t, home, "agent", "rm", "racer")
+		}
+		if start.code != 0 && !strings.Contains(start.stderr, "no agent named") {
+			t.Errorf("round %d: session start failed for another reason: %s", i, start.stderr)
+		}
+		if rm.code != 0 && !strings.Contains(rm.stderr, "starting") && !strings.Contains(rm.stderr, "running") {
+			t.Errorf("round %d: agent rm failed for another reason: %s", i, rm.stderr)
+		}
+	}
+	t.Logf("%d sessions outlived their agent", removedUnderStart)
 }

@@ -225,18 +225,39 @@ func mergeEnv(base, over []string) []string {
 	return env
 }
 
+// doneStartingLocked ends one start of a run of agent id; the caller holds
+// s.mu.
+func (s *Supervisor) doneStartingLocked(id string) {
+	if s.starting[id]--; s.starting[id] <= 0 {
+		delete(s.starting, id)
+	}
+}
+
 // startSession creates a session of the agent called agentName and runs it.
+// From the moment the agent is read until the session is registered, the
+// start is counted in s.starting, so that the agent cannot be removed in
+// between (deleteAgent refuses while a start is counted): there is never a
+// session of a removed agent, nor a run in a removed agent directory.
 func (s *Supervisor) startSession(agentName string, command []string) (view, error) {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(agentName)
 	var ag agent.Agent
 	if err == nil {
 		ag = *a
+		s.starting[ag.ID]++
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return view{}, err
 	}
+	registered := false
+	defer func() {
+		if !registered {
+			s.mu.Lock()
+			s.doneStartingLocked(ag.ID)
+			s.mu.Unlock()
+		}
+	}()
 	spec, err := s.buildSpec(ag, command)
 	if err != nil {
 		return view{}, err
@@ -263,6 +284,8 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	}
 	s.mu.Lock()
 	s.sessions[id] = ss
+	s.doneStartingLocked(ag.ID)
+	registered = true
 	s.mu.Unlock()
 	v := ss.view()
 	s.events.add(event{Type: "session.started", SessionID: id, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
@@ -582,11 +605,17 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	var ag agent.Agent
 	if ok {
 		ag = *a
+		s.starting[ag.ID]++ // as in startSession: the agent stays until the run is started
 	}
 	s.mu.Unlock()
 	if !ok {
 		return view{}, errdefs.FailedPrecondition("the agent of session %s (%s) was removed", ss.id, old.Agent)
 	}
+	defer func() {
+		s.mu.Lock()
+		s.doneStartingLocked(ag.ID)
+		s.mu.Unlock()
+	}()
 	var command []string
 	if old.Spec.CommandOverride {
 		command = old.Spec.Command

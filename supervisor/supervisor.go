@@ -71,9 +71,12 @@ type Supervisor struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu       sync.Mutex               // guards agents and sessions
+	mu       sync.Mutex               // guards agents, sessions and starting
 	agents   map[string]*agent.Agent  // by id
 	sessions map[string]*sessionState // by id
+	// starting counts, by agent id, the runs being started (a new
+	// session, or a resume): an agent is not removed while one is.
+	starting map[string]int
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the
@@ -113,6 +116,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		startedAt: time.Now(),
 		agents:    map[string]*agent.Agent{},
 		sessions:  map[string]*sessionState{},
+		starting:  map[string]int{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
