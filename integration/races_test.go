@@ -134,3 +134,89 @@ func TestAgentRemoveRacesStart(t *testing.T) {
 	}
 	t.Logf("%d sessions outlived their agent", removedUnderStart)
 }
+
+// cliAs runs the CLI against the socket as another user.
+func cliAs(t *testing.T, cred *syscall.Credential, socket string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(agentconnect(), append([]string{"--socket", socket}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("agentconnect %s as uid %d: did not finish", strings.Join(args, " "), cred.Uid)
+	}
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode()}
+}
+
+// loosen opens the admin socket and the directories above it to everyone,
+// as a mistaken chmod (or umask) would.
+func loosen(t *testing.T, home string) string {
+	t.Helper()
+	socket := filepath.Join(home, "run", "agentconnect.sock")
+	for p := socket; ; p = filepath.Dir(p) {
+		mode := os.FileMode(0o711)
+		if p == socket {
+			mode = 0o666
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if p == filepath.Dir(home) {
+			break
+		}
+	}
+	return socket
+}
+
+// TestAdminSocketChecksPeer: the admin socket checks who connects (its peer
+// credentials), not only its file mode. With the mode loosened by hand, a
+// CLI run as nobody is refused with a clear error and the daemon logs its
+// uid and pid; root still gets in. With socketGroup, a member of the group
+// by a supplementary group gets in, and a user outside it does not.
+func TestAdminSocketChecksPeer(t *testing.T) {
+	requireRoot(t)
+	nobodyCred := &syscall.Credential{Uid: nobody, Gid: nobody}
+	home := newHome(t)
+	startDaemon(t, home)
+	socket := loosen(t, home)
+	r := cliAs(t, nobodyCred, socket, "status")
+	if r.code == 0 || !strings.Contains(r.stderr, "permission denied: this daemon accepts admin connections from root only") {
+		t.Errorf("status as nobody through a loosened socket: exit %d, stdout %q, stderr %q; want it refused, saying who may connect", r.code, r.stdout, r.stderr)
+	}
+	r = cliAs(t, nobodyCred, socket, "agent", "create", "intruder", "--", "true")
+	if r.code == 0 {
+		t.Errorf("agent create as nobody: exit 0: %s", r.stdout)
+	}
+	if out := ok(t, home, "agent", "ls"); strings.Contains(out, "intruder") {
+		t.Errorf("nobody created an agent: %s", out)
+	}
+	logData, _ := os.ReadFile(filepath.Join(home, "daemon.log"))
+	if !strings.Contains(string(logData), "admin connection refused") || !strings.Contains(string(logData), "uid=65534") || !strings.Contains(string(logData), "pid=") {
+		t.Errorf("the daemon's log does not name the refused peer:\n%s", logData)
+	}
+	ok(t, home, "status")
+
+	// socketGroup: members by a supplementary group only.
+	group := newHome(t)
+	if err := os.WriteFile(filepath.Join(group, "config.json"), []byte(`{"socketGroup": "users"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startDaemon(t, group)
+	socket = loosen(t, group)
+	member := &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{100}}
+	if r := cliAs(t, member, socket, "status"); r.code != 0 {
+		t.Errorf("status as nobody in group users (supplementary): exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := cliAs(t, nobodyCred, socket, "status"); r.code == 0 || !strings.Contains(r.stderr, "members of group users only") {
+		t.Errorf("status as nobody outside group users: exit %d, stderr %q; want it refused", r.code, r.stderr)
+	}
+}

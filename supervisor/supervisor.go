@@ -207,6 +207,13 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
+	// Only the daemon's user, root and socketGroup's members get through.
+	guarded, stopRefusals, err := s.guard(ctx, l)
+	if err != nil {
+		lf.Close()
+		return nil, err
+	}
+	defer stopRefusals()
 	srv, err := ttrpc.NewServer()
 	if err != nil {
 		lf.Close()
@@ -217,7 +224,7 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 		s.log.WithError(err).Warn("record the admin socket's path")
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx, l) }()
+	go func() { errc <- srv.Serve(ctx, guarded) }()
 	os.Remove(s.layout.StartupFailurePath())
 	s.events.add(event{Type: "daemon.started", Message: fmt.Sprintf("pid %d", os.Getpid())})
 	s.log.WithFields(logrus.Fields{"home": s.opts.Home, "socket": l.Addr().String(), "pid": os.Getpid()}).Info("daemon serving")
