@@ -481,8 +481,13 @@ func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason stri
 		// procstat.SignalGroup for why a dead leader's group is not
 		// signalled). The cgroup kill below takes whatever else is left.
 		if last.PID > 1 {
-			if err := procstat.SignalGroup(last.PID, last.PIDStartTime, syscall.SIGKILL); errors.Is(err, procstat.ErrNotSame) {
-				s.log.WithFields(logrus.Fields{"session": rec.ID, "pid": last.PID}).Info("the lost run's pid is another process now (or has no recorded start time): not signalled")
+			err := procstat.SignalGroup(last.PID, last.PIDStartTime, syscall.SIGKILL)
+			log := s.log.WithFields(logrus.Fields{"session": rec.ID, "pid": last.PID})
+			switch {
+			case errors.Is(err, procstat.ErrNotSame):
+				log.Info("the lost run's pid is another process now (or has no recorded start time): not signalled")
+			case err != nil && len(rec.Spec.Cgroup) == 0:
+				log.Warn("the lost run's runtime is gone, and without a cgroup what outlived it cannot be told from other processes: not signalled")
 			}
 		}
 	}
