@@ -168,7 +168,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 		}
 		fields := logrus.Fields{"uid": p.uid, "gid": p.gid, "pid": p.pid}
 		if err != nil {
-			fields["error"] = err.Error()
+			fields = logrus.Fields{"error": err.Error()} // who it is is not known
 		}
 		l.log.WithFields(fields).Warn("admin connection refused: the peer is not the daemon's user, root or a member of socketGroup")
 		c.SetDeadline(time.Now().Add(refusedTimeout))
