@@ -14,6 +14,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 // vmConfig is the bench daemon's config.json: microsandbox VMs under TCG
@@ -264,27 +265,27 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 	}
 	vmDir := filepath.Join(home.Layout{Root: d.home}.VMsDir(), s.Id) + "/"
 	source := "source=" + d.vmAgentDirs[agent] + "/"
-	var qemus []*proc
-	for _, p := range readProcs() {
-		if p.state == 'Z' || p.state == 'X' {
+	var qemus []*leftovers.Proc
+	for _, p := range leftovers.ReadProcs() {
+		if p.Dead() {
 			continue
 		}
 		var into *memUse
 		switch {
-		case p.pid == int(s.ShimPid):
+		case p.PID == int(s.ShimPid):
 			into = &u.shim
-		case isQEMU(p) && strings.Contains(p.cmdline, vmDir):
+		case isQEMU(p) && strings.Contains(p.Cmdline, vmDir):
 			into = &u.qemu
 			qemus = append(qemus, p)
-		case isVirtiofsd(p) && strings.Contains(p.cmdline, source):
+		case isVirtiofsd(p) && strings.Contains(p.Cmdline, source):
 			into = &u.virtiofsd
 			u.nVirtiofsd++
-		case p.name() == "bwrap" && strings.Contains(p.cmdline, vmDir):
+		case p.Name() == "bwrap" && strings.Contains(p.Cmdline, vmDir):
 			into = &u.bwrap
 		default:
 			continue
 		}
-		roll, err := readSmapsRollup(p.pid)
+		roll, err := readSmapsRollup(p.PID)
 		if err != nil {
 			return u, fmt.Errorf("%v: %w", p, err)
 		}
@@ -296,7 +297,7 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 	switch {
 	case len(qemus) != 1:
 		return u, fmt.Errorf("session %s: %d QEMU processes with %s in their command line, want 1", s.Id, len(qemus), vmDir)
-	case !strings.Contains(qemus[0].cmdline, fmt.Sprintf(" -m %d ", mib)):
+	case !strings.Contains(qemus[0].Cmdline, fmt.Sprintf(" -m %d ", mib)):
 		// The agent's memoryMiB must be what the VM got.
 		return u, fmt.Errorf("session %s: QEMU runs without -m %d: %s", s.Id, mib, qemus[0])
 	case u.nVirtiofsd == 0:
@@ -309,8 +310,8 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 
 // isQEMU and isVirtiofsd go by comm: virtiofsd's sandboxed child has
 // pivoted into the shared directory, where its executable is not.
-func isQEMU(p *proc) bool      { return strings.HasPrefix(p.comm, "qemu-system") }
-func isVirtiofsd(p *proc) bool { return p.comm == "virtiofsd" }
+func isQEMU(p *leftovers.Proc) bool      { return strings.HasPrefix(p.Comm, "qemu-system") }
+func isVirtiofsd(p *leftovers.Proc) bool { return p.Comm == "virtiofsd" }
 
 // endVMSession ends a VM session (StopSession when stop, else it must exit
 // 0 by itself), removes it, and waits until it has left nothing behind.
@@ -345,7 +346,7 @@ func endVMSession(ctx context.Context, d *daemon, a *admin, id string, stop bool
 			}
 		}
 		if len(left) > 0 {
-			problems = append(problems, fmt.Sprintf("left behind %v after removal: %s", vmGoneGrace, brief(left, 6)))
+			problems = append(problems, fmt.Sprintf("left behind %v after removal: %s", vmGoneGrace, leftovers.Brief(left, 6)))
 		}
 	}
 	if len(problems) > 0 {
@@ -368,13 +369,13 @@ func vmLeftBehind(d *daemon, id string, shimPID uint32) []string {
 	for _, dir := range runDirs {
 		left = append(left, "a VM socket directory "+dir)
 	}
-	for _, p := range readProcs() {
-		if p.state == 'Z' || p.state == 'X' {
+	for _, p := range leftovers.ReadProcs() {
+		if p.Dead() {
 			continue
 		}
-		ofHome := (isQEMU(p) || isVirtiofsd(p)) && strings.Contains(p.cmdline, d.home)
-		shim := p.pid == int(shimPID) && strings.Contains(p.cmdline, id)
-		if ofHome || shim || strings.Contains(p.cmdline, vmDir+"/") {
+		ofHome := (isQEMU(p) || isVirtiofsd(p)) && strings.Contains(p.Cmdline, d.home)
+		shim := p.PID == int(shimPID) && strings.Contains(p.Cmdline, id)
+		if ofHome || shim || strings.Contains(p.Cmdline, vmDir+"/") {
 			left = append(left, p.String())
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 // srtAgent is the agent of the srt measurements: the srt strategy, a
@@ -52,7 +53,7 @@ func (d *daemon) createSrtAgent(ctx context.Context) string {
 	// What the agent's directory holds before any session: what a run
 	// leaves there (placeholders of protected names) is the difference.
 	d.srtAgentDir = agent.Dir
-	d.srtBaseline = listTree(agent.Dir)
+	d.srtBaseline = leftovers.ListTree(agent.Dir)
 	return ""
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 // benchSrtMemory starts srt sessions running `sleep 600`, lets them go idle
@@ -49,8 +50,8 @@ func benchSrtMemory(ctx context.Context, d *daemon, c counts, rep *report) error
 	if err != nil {
 		return err
 	}
-	procs := readProcs()
-	children := childrenOf(procs)
+	procs := leftovers.ReadProcs()
+	children := leftovers.ChildrenOf(procs)
 	var shimRSS, shimPSS, oursRSS, oursPSS, bwrapRSS, bwrapPSS samples // kB, per session
 	others := map[string]int{}                                         // other processes of ours, by name
 	nBwrap := map[int]int{}                                            // sessions by their number of bwrap processes
@@ -70,17 +71,17 @@ func benchSrtMemory(ctx context.Context, d *daemon, c counts, rep *report) error
 		shimPSS = append(shimPSS, float64(roll["Pss"]))
 		var oR, oP, bR, bP float64
 		bwraps := 0
-		for _, pid := range descendants(children, shim, int(s.Pid)) {
+		for _, pid := range leftovers.Descendants(children, shim, int(s.Pid)) {
 			p := procs[pid]
 			r, err := readSmapsRollup(pid)
 			if err != nil {
 				return fmt.Errorf("session %s: %v: %w", s.Id, p, err)
 			}
-			if p.name() == "bwrap" {
+			if p.Name() == "bwrap" {
 				bR, bP, bwraps = bR+float64(r["Rss"]), bP+float64(r["Pss"]), bwraps+1
 			} else {
 				oR, oP = oR+float64(r["Rss"]), oP+float64(r["Pss"])
-				others[p.name()]++
+				others[p.Name()]++
 			}
 		}
 		oursRSS = append(oursRSS, float64(roll["Rss"])+oR)
@@ -171,7 +172,7 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 	}()
 	var problems []string
 	if failed := countErrors(startErrs); len(failed) > 0 {
-		problems = append(problems, fmt.Sprintf("%d of %d starts failed: %s", n-len(started), n, brief(failed, 3)))
+		problems = append(problems, fmt.Sprintf("%d of %d starts failed: %s", n-len(started), n, leftovers.Brief(failed, 3)))
 	}
 	if len(started) == 0 {
 		return fmt.Errorf("no session started: %s", strings.Join(problems, "; "))
@@ -192,9 +193,9 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 	}
 	// What the leftover checks must see go: the proof that they look in
 	// the right places.
-	roots := cgroupRoots(started[0].Cgroup)
+	roots := leftovers.CgroupRoots(started[0].Cgroup)
 	procsRunning := len(oursProcs(d))
-	cgroupsRunning := len(sessionCgroups(roots, ids))
+	cgroupsRunning := len(leftovers.SessionCgroups(roots, ids))
 
 	// Stop all at once, then wait until none runs.
 	t1 := time.Now()
@@ -203,7 +204,7 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		_, stopErrs[i] = a.StopSession(ctx, &adminv1.StopSessionRequest{Id: started[i].Id})
 	})
 	if failed := countErrors(stopErrs); len(failed) > 0 {
-		problems = append(problems, "stop: "+brief(failed, 3))
+		problems = append(problems, "stop: "+leftovers.Brief(failed, 3))
 	}
 	var states map[string]int
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -239,7 +240,7 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		}
 	}
 	if failed := countErrors(rmErrs); len(failed) > 0 {
-		problems = append(problems, "remove: "+brief(failed, 3))
+		problems = append(problems, "remove: "+leftovers.Brief(failed, 3))
 	}
 
 	// Nothing left behind? Shims exit moments after their session is
@@ -283,16 +284,16 @@ func leftBehind(d *daemon, roots []string, ids map[string]bool) []string {
 		for _, p := range procs {
 			names = append(names, p.String())
 		}
-		left = append(left, fmt.Sprintf("%d process(es) of ours: %s", len(procs), brief(names, 4)))
+		left = append(left, fmt.Sprintf("%d process(es) of ours: %s", len(procs), leftovers.Brief(names, 4)))
 	}
-	if cgs := sessionCgroups(roots, ids); len(cgs) > 0 {
-		left = append(left, fmt.Sprintf("%d session cgroup(s): %s", len(cgs), brief(cgs, 3)))
+	if cgs := leftovers.SessionCgroups(roots, ids); len(cgs) > 0 {
+		left = append(left, fmt.Sprintf("%d session cgroup(s): %s", len(cgs), leftovers.Brief(cgs, 3)))
 	}
-	if mounts := mountsOf(d.home); len(mounts) > 0 {
-		left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), brief(mounts, 2)))
+	if mounts := leftovers.MountsUnder(d.home); len(mounts) > 0 {
+		left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), leftovers.Brief(mounts, 2)))
 	}
-	if paths := newPaths(d.srtBaseline, listTree(d.srtAgentDir)); len(paths) > 0 {
-		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory %s: %s", len(paths), d.srtAgentDir, brief(paths, 8)))
+	if paths := leftovers.NewPaths(d.srtBaseline, leftovers.ListTree(d.srtAgentDir)); len(paths) > 0 {
+		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory %s: %s", len(paths), d.srtAgentDir, leftovers.Brief(paths, 8)))
 	}
 	return left
 }
@@ -358,5 +359,5 @@ func notRunning(sessions []*adminv1.Session, ids map[string]bool) string {
 			out = append(out, fmt.Sprintf("%s %s exit %d %s", s.Id, s.State, s.ExitCode, s.Reason))
 		}
 	}
-	return brief(out, 3)
+	return leftovers.Brief(out, 3)
 }

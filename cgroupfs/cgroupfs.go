@@ -13,8 +13,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Cgroup is one cgroup: its directory in each mounted hierarchy (one on a
@@ -83,14 +84,44 @@ func (c Cgroup) Kill(timeout time.Duration) error {
 		if len(pids) == 0 {
 			return nil
 		}
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if err := c.killListed(pids); err != nil {
+			return err
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still has %d processes after %v", c.Dirs[0], len(pids), timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// killListed kills the processes of pids that are still in the cgroup. A
+// pid read from cgroup.procs may have ended and been reused outside the
+// cgroup since, so each is opened as a pidfd first and signalled through it
+// only if the cgroup still lists it after: a pidfd that outlived its
+// process signals nothing, and one opened on a reused pid outside the
+// cgroup is not listed.
+func (c Cgroup) killListed(pids []int) error {
+	fds := map[int]int{}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for _, pid := range pids {
+		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+			fds[pid] = fd
+		}
+	}
+	still, err := c.Procs()
+	if err != nil {
+		return err
+	}
+	for _, pid := range still {
+		if fd, ok := fds[pid]; ok {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+	}
+	return nil
 }
 
 // Remove deletes the cgroup's directories, children first. It fails while

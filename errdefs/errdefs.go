@@ -57,6 +57,11 @@ func FailedPrecondition(format string, args ...any) error {
 // Unavailable returns an error of kind ErrUnavailable.
 func Unavailable(format string, args ...any) error { return newf(ErrUnavailable, format, args...) }
 
+// PermissionDenied returns an error of kind ErrPermissionDenied.
+func PermissionDenied(format string, args ...any) error {
+	return newf(ErrPermissionDenied, format, args...)
+}
+
 // ResourceExhausted returns an error of kind ErrResourceExhausted.
 func ResourceExhausted(format string, args ...any) error {
 	return newf(ErrResourceExhausted, format, args...)

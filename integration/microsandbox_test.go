@@ -255,16 +255,20 @@ func TestMicrosandboxRecovery(t *testing.T) {
 		return strings.Count(ok(t, h, "session", "logs", id), "started") == 2
 	})
 	qemu = qemuOf(h, id)
-	if qemu == 0 || len(vmRunDirs(h)) != 1 || len(vmProcesses(ws)) == 0 {
-		t.Fatalf("running VM: QEMU %d, socket dirs %v, virtiofsd for the workspace %v", qemu, vmRunDirs(h), vmProcesses(ws))
+	runDirs := vmRunDirs(h)
+	if qemu == 0 || len(runDirs) != 1 || len(vmProcesses(runDirs[0]+"/fs0.sock")) == 0 {
+		t.Fatalf("running VM: QEMU %d, socket dirs %v", qemu, runDirs)
 	}
+	// virtiofsd serving the workspace, found by its socket in the run's
+	// socket directory.
+	helpers := runDirs[0] + "/fs"
 	syscall.Kill(qemu, syscall.SIGKILL)
 	s = waitSession(t, h, id)
 	if s.State != "lost" || !strings.Contains(s.Reason, "QEMU") {
 		t.Errorf("after QEMU was killed: state %s, reason %q; want lost with a reason naming QEMU", s.State, s.Reason)
 	}
 	eventually(t, 20*time.Second, "the VM's helpers and sockets are gone", func() bool {
-		return len(vmProcesses(ws)) == 0 && len(vmRunDirs(h)) == 0 && qemuOf(h, id) == 0
+		return len(vmProcesses(helpers)) == 0 && len(vmRunDirs(h)) == 0 && qemuOf(h, id) == 0
 	})
 	if _, err := os.Stat(filepath.Join(h, "vms", id)); err != nil {
 		t.Errorf("a lost session's disks are gone before the session is: %v", err)

@@ -9,12 +9,17 @@ import (
 	"testing"
 )
 
+// execRunner runs a command with os/exec: this test has no reaper.
+func execRunner(name string, args ...string) ([]byte, error) {
+	return exec.Command(name, args...).CombinedOutput()
+}
+
 func TestPrepareDisks(t *testing.T) {
 	if _, err := exec.LookPath("mke2fs"); err != nil {
 		t.Skip("mke2fs (e2fsprogs) is not installed")
 	}
 	c := Config{Dir: filepath.Join(t.TempDir(), "vm"), DiskGiB: 10}
-	if err := PrepareDisks(c); err != nil {
+	if err := PrepareDisks(c, execRunner); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{DiskUpper, DiskDocker} {
@@ -38,14 +43,14 @@ func TestPrepareDisks(t *testing.T) {
 	// Existing disks are kept, untouched.
 	marker := filepath.Join(c.Dir, DiskUpper+".img")
 	before, _ := os.Stat(marker)
-	if err := PrepareDisks(c); err != nil {
+	if err := PrepareDisks(c, execRunner); err != nil {
 		t.Fatal(err)
 	}
 	after, _ := os.Stat(marker)
 	if !after.ModTime().Equal(before.ModTime()) {
 		t.Error("PrepareDisks rewrote an existing disk")
 	}
-	if err := PrepareDisks(Config{Dir: t.TempDir(), DiskGiB: 0}); err == nil {
+	if err := PrepareDisks(Config{Dir: t.TempDir(), DiskGiB: 0}, execRunner); err == nil {
 		t.Error("diskGiB 0 accepted")
 	}
 }

@@ -77,27 +77,36 @@ func (c Config) agentSocket() string      { return c.RunDir + "/agent.sock" }
 func (c Config) netSocket() string        { return c.RunDir + "/net.sock" }
 func (c Config) shareSocket(i int) string { return c.RunDir + "/fs" + strconv.Itoa(i) + ".sock" }
 
-// QEMUArgs is the QEMU command line for c, after the binary's name.
-func (c Config) QEMUArgs() []string {
+// MachineArgs is the part of QEMU's command line that decides whether a
+// guest can run here at all: the machine type, the accelerator and CPU
+// model, the vCPUs, the memory (shared, for virtiofs) and QEMU's own
+// sandbox. QEMUArgs starts with it, and the probe starts QEMU with it, so
+// that what the probe tries is what a session runs.
+func (c Config) MachineArgs() []string {
 	mem := strconv.Itoa(c.MemoryMiB)
-	cmdline := "console=ttyS0 quiet panic=-1 agentconnect.transport=" + c.Transport
 	args := []string{
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-M", "q35", "-smp", strconv.Itoa(c.CPUs), "-m", mem,
 		// virtiofs needs the guest's memory shared with virtiofsd.
 		"-object", "memory-backend-memfd,id=mem,size=" + mem + "M,share=on", "-machine", "memory-backend=mem",
-		"-kernel", c.Kernel, "-initrd", c.Initrd,
-		"-serial", "file:" + c.Dir + "/console.log",
 		// QEMU's own seccomp sandbox: no new privileges, no spawning.
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	}
+	if c.Accelerator == "kvm" {
+		return append(args, "-accel", "kvm", "-cpu", "host")
+	}
+	return append(args, "-accel", "tcg")
+}
+
+// QEMUArgs is the QEMU command line for c, after the binary's name.
+func (c Config) QEMUArgs() []string {
+	cmdline := "console=ttyS0 quiet panic=-1 agentconnect.transport=" + c.Transport
+	args := append(c.MachineArgs(),
+		"-kernel", c.Kernel, "-initrd", c.Initrd,
+		"-serial", "file:"+c.Dir+"/console.log",
+	)
 	// Entropy from the host, so that nothing in the guest blocks for it.
 	args = append(args, "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0")
-	if c.Accelerator == "kvm" {
-		args = append(args, "-accel", "kvm", "-cpu", "host")
-	} else {
-		args = append(args, "-accel", "tcg")
-	}
 	for _, d := range []struct {
 		name, file string
 		readonly   bool

@@ -17,8 +17,10 @@ import (
 
 // checkMicrosandbox: the machine can run a VM per session with the
 // configured accelerator and transport, the host tools are there and can run
-// as this user, and the image is in place. It starts no VM and downloads
-// nothing; a custom image reference is only checked to be well-formed.
+// as this user, the image is in place, and QEMU starts a VM the way a
+// session does (with KVM: boots the guest kernel). It downloads nothing; a
+// custom image reference is only checked to be well-formed. The cheap checks
+// go first, QEMU last.
 func checkMicrosandbox(cfg *config.Config, env Env) string {
 	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
 		return fmt.Sprintf("microsandbox needs a Linux amd64 host; this is %s/%s", runtime.GOOS, runtime.GOARCH)
@@ -59,8 +61,16 @@ func checkMicrosandbox(cfg *config.Config, env Env) string {
 		}
 	}
 	// The kernel and initramfs always come from the default image.
-	if _, err := vmimage.Default(env.ImageDir); err != nil {
+	img, err := vmimage.Default(env.ImageDir)
+	if err != nil {
 		return err.Error()
+	}
+	check := microvm.Config{CPUs: vm.CPUs, MemoryMiB: vm.MemoryMiB, Accelerator: vm.Accelerator, Kernel: img.Kernel, Initrd: img.Initrd}
+	if r := checkQEMUStarts(tools.QEMU, check); r != "" {
+		return r
+	}
+	if vm.Accelerator == "kvm" {
+		return checkKernelBoots(tools.QEMU, check)
 	}
 	return ""
 }

@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -15,9 +16,11 @@ func TestRun(t *testing.T) {
 	if len(res) != 3 || res[0].Name != strategy.Host || !res[0].Available {
 		t.Fatalf("Run = %+v; want host first and available", res)
 	}
-	// srt is what its live check says on this machine.
-	if want := checkSRTStrategy(cfg, env); res[1].Available != (want == "") || res[1].Reason != want {
-		t.Errorf("srt: available %v, reason %q; the live check says %q", res[1].Available, res[1].Reason, want)
+	// srt is available exactly where bwrap starts a sandbox here, as the
+	// test finds by running one itself.
+	bwrapWorks := exec.Command("bwrap", SRTCommand...).Run() == nil
+	if res[1].Available != bwrapWorks || (bwrapWorks != (res[1].Reason == "")) {
+		t.Errorf("srt: available %v, reason %q; bwrap %v here starts a sandbox: %v", res[1].Available, res[1].Reason, SRTCommand, bwrapWorks)
 	}
 	// microsandbox: no image in an empty directory, whatever else holds.
 	if ms := res[2]; ms.Available || ms.Reason == "" {
@@ -32,6 +35,12 @@ func TestRun(t *testing.T) {
 	tcg.VM.Accelerator, tcg.VM.Transport = "tcg", "serial"
 	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
 		t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
+	}
+
+	// Without bwrap on PATH, srt is unavailable and says how to install it.
+	t.Setenv("PATH", t.TempDir())
+	if r := Run(cfg, env)[1]; r.Available || r.Reason != ReasonBwrapMissing {
+		t.Errorf("srt without bwrap: available %v, reason %q; want %q", r.Available, r.Reason, ReasonBwrapMissing)
 	}
 
 	cfg.RequireSandbox("--require-sandbox turns host off on this daemon")

@@ -85,3 +85,77 @@ func TestGroup(t *testing.T) {
 		t.Logf("test process group: %v", g)
 	}
 }
+
+// startGroup starts a shell leading its own process group with a child
+// sleep in it, and waits until both run.
+func startGroup(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "sleep 60 & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for len(Group(cmd.Process.Pid)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Group = %v, want the shell and its sleep", Group(cmd.Process.Pid))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return cmd
+}
+
+// TestSignalChecksStartTime: a pid whose start time is not the recorded one
+// is never signalled, its group neither; with the right start time, the
+// whole group is.
+func TestSignalChecksStartTime(t *testing.T) {
+	cmd := startGroup(t)
+	pid := cmd.Process.Pid
+	start, err := StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func() error{
+		"Signal":      func() error { return Signal(pid, start+1, syscall.SIGKILL) },
+		"SignalGroup": func() error { return SignalGroup(pid, start+1, syscall.SIGKILL) },
+		"no start":    func() error { return SignalGroup(pid, 0, syscall.SIGKILL) },
+	} {
+		if err := f(); err != ErrNotSame {
+			t.Errorf("%s with another start time: %v, want ErrNotSame", name, err)
+		}
+	}
+	if err := Kill(pid, start+1, time.Second); err != nil {
+		t.Errorf("Kill with another start time: %v, want nil (the recorded process is not running)", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(Group(pid)); n < 2 {
+		t.Fatalf("the group lost processes to a signal with the wrong start time: %d left", n)
+	}
+	if err := SignalGroup(pid, start, syscall.SIGKILL); err != nil {
+		t.Fatalf("SignalGroup with the right start time: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(Group(pid)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d still has %v after SignalGroup", pid, Group(pid))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := Signal(pid, start, syscall.SIGKILL); err == nil {
+		t.Error("Signal of a dead process succeeded")
+	}
+}
+
+// TestKillWaits: Kill returns once the process is dead.
+func TestKillWaits(t *testing.T) {
+	cmd := startGroup(t)
+	pid := cmd.Process.Pid
+	start, _ := StartTime(pid)
+	if err := Kill(pid, start, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if Alive(pid, start) {
+		t.Error("alive after Kill returned")
+	}
+}

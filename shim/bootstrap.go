@@ -18,7 +18,9 @@ import (
 type Ready struct {
 	Address string `json:"address"`
 	PID     int    `json:"pid"`
-	Error   string `json:"error,omitempty"`
+	// StartTime identifies the shim process with PID (procstat).
+	StartTime uint64 `json:"startTime"`
+	Error     string `json:"error,omitempty"`
 }
 
 // readyTimeout bounds how long the bootstrap waits for the serving shim: it

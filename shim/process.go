@@ -2,9 +2,11 @@ package shim
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -84,6 +86,64 @@ func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-c
 	}()
 	res := <-started
 	return res.pid, exitStatus, res.err
+}
+
+// helperTimeout bounds a helper command of the shim's (mke2fs).
+const helperTimeout = time.Minute
+
+// maxHelperOutput bounds what is kept of a helper's output.
+const maxHelperOutput = 64 << 10
+
+// runHelper runs a short host command of the shim's own (mke2fs) to its end
+// and returns its combined output. It goes through spawn, so that the
+// reaper collects its exit: os/exec's wait beside the reaper's wait4(-1)
+// loses the status whenever the reaper gets there first ("waitid: no child
+// processes"). Every command the serving shim starts goes through spawn.
+func (s *service) runHelper(name string, args ...string) ([]byte, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", name, err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", name, err)
+	}
+	defer r.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("run %s: %w", name, err)
+	}
+	pid, exited, err := s.spawn(path, append([]string{name}, args...), &os.ProcAttr{Env: os.Environ(), Files: []*os.File{devnull, w, w}})
+	devnull.Close()
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", name, err)
+	}
+	// A pidfd taken while the child is not yet reaped is the child's
+	// alone: a late timer cannot reach a process given its pid since.
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			defer unix.Close(fd)
+			select {
+			case <-done:
+			case <-time.After(helperTimeout):
+				unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			}
+		}()
+	}
+	out, _ := io.ReadAll(io.LimitReader(r, maxHelperOutput))
+	io.Copy(io.Discard, r) // the rest, so that it never blocks on a full pipe
+	ws := <-exited
+	switch {
+	case ws.Signaled():
+		return out, fmt.Errorf("%s was killed by signal %d (%s)", name, int(ws.Signal()), unix.SignalName(ws.Signal()))
+	case ws.ExitStatus() != 0:
+		return out, fmt.Errorf("%s exited with status %d", name, ws.ExitStatus())
+	}
+	return out, nil
 }
 
 // startInCgroup starts argv through "agentconnect-shim init" in its own
@@ -201,7 +261,10 @@ func (s *service) launch() (pid int, retErr error) {
 	pid = launcher
 	nsInit := 0
 	if srt != nil && execErr == "" {
-		nsInit, pid = srt.started()
+		var err error
+		if nsInit, pid, err = srt.started(); err != nil {
+			return 0, s.abortSandbox(launcher, exitStatus, srt, err)
+		}
 		st.done("sandbox")
 	}
 	var copiers sync.WaitGroup
@@ -231,6 +294,28 @@ func (s *service) launch() (pid int, retErr error) {
 		close(s.cleanedUp)
 	}()
 	return pid, nil
+}
+
+// abortSandbox ends an srt sandbox that did not come up: everything it
+// started is killed and reaped before the start fails, so that no run with
+// an unknown pid is left. The error says why, in bwrap's or sandbox-exec's
+// words when the sandbox ended by itself.
+func (s *service) abortSandbox(launcher int, exitStatus <-chan syscall.WaitStatus, srt *srtRun, err error) error {
+	// The launcher is not reaped yet, so its pid (and group) is still ours.
+	killGroup(launcher, syscall.SIGKILL)
+	if len(s.cg.Dirs) > 0 {
+		if kerr := s.cg.Kill(killTimeout); kerr != nil {
+			s.log.WithError(kerr).Warn("kill the sandbox that did not start")
+		}
+	}
+	ws := <-exitStatus
+	if errors.Is(err, errSandboxEnded) {
+		code, _ := exitCode(ws, "")
+		if _, reason, ok := srt.exit(code); ok {
+			return sandboxSetupError(errors.New(strings.TrimPrefix(reason, "sandbox setup: ")))
+		}
+	}
+	return sandboxSetupError(err)
 }
 
 // steps times the steps of a start, for the log: where a slow start goes.

@@ -93,7 +93,7 @@ func serve(dirPath, socket string) error {
 	}); err != nil {
 		return fail(err)
 	}
-	if err := json.NewEncoder(readyW).Encode(Ready{PID: os.Getpid()}); err != nil {
+	if err := json.NewEncoder(readyW).Encode(Ready{PID: os.Getpid(), StartTime: start}); err != nil {
 		return err
 	}
 	readyW.Close()

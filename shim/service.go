@@ -25,6 +25,16 @@ import (
 // MaxStdinWrite bounds one WriteStdin call; larger input is sent in pieces.
 const MaxStdinWrite = 1 << 20
 
+// StartTimeout is the longest a Start takes in this shim: a VM's boot
+// (bootTimeout), then its setup and the runtime's start in the guest
+// (vmCallTimeout), with startSlack for the steps before (the VM's disks and
+// virtiofsd; for srt the whole start: twice sandboxReadyTimeout and the
+// runtime's pid). A supervisor waits longer than this for Start to answer,
+// so that a slow start ends with the shim's own answer and reason.
+const StartTimeout = bootTimeout + vmCallTimeout + startSlack
+
+const startSlack = time.Minute
+
 // service is the shim's ttrpc service and the state of the one run it owns.
 type service struct {
 	rec    *session.Record
@@ -92,6 +102,13 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	pid, err := s.launch()
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")
+		// Whatever the start got as far as starting goes before the
+		// failure is reported, so that the cgroup can be removed.
+		if len(s.cg.Dirs) > 0 {
+			if kerr := s.cg.Kill(killTimeout); kerr != nil {
+				s.log.WithError(kerr).Warn("kill what the failed start left")
+			}
+		}
 		s.finish(session.Exited, -1, err.Error())
 		close(s.cleanedUp)
 		return nil, errdefs.ToStatus(err)

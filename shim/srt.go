@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/proxy"
 	"github.com/agentconnect-md/agentconnect/sandbox"
@@ -130,7 +131,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
 		NestedSandbox: sb.NestedSandbox, Command: spec.Command,
-		Ledger: filepath.Join(sb.DaemonHome, "run", "sandboxes.json"),
+		Ledger: protect.LedgerPath(sb.DaemonHome),
 	}, exe, true)
 	if err != nil {
 		return nil, err
@@ -185,8 +186,10 @@ func (r *srtRun) closeChildEnds() {
 // which it then serves. sandbox-exec running is the sign that bwrap built
 // the sandbox (bwrap reports its pid before it sets up the mounts). It
 // returns the pids of the sandbox's init (bwrap's reaper) and of the
-// runtime, or zeros when the sandbox did not come up.
-func (r *srtRun) started() (nsInit, runtimePID int) {
+// runtime. It fails with errSandboxEnded when the sandbox ended before it
+// came up (its exit says why), and with a timeout error when it did not come
+// up within sandboxReadyTimeout: the caller then kills what was started.
+func (r *srtRun) started() (nsInit, runtimePID int, err error) {
 	go func() {
 		sc := bufio.NewScanner(io.LimitReader(r.setupR, 64<<10))
 		for sc.Scan() {
@@ -217,25 +220,42 @@ func (r *srtRun) started() (nsInit, runtimePID int) {
 	}()
 	handed := make(chan bool, 1)
 	go func() { handed <- r.receiveListeners() }()
+	timeout := time.NewTimer(sandboxReadyTimeout)
+	defer timeout.Stop()
 	select {
 	case ok := <-handed:
 		if !ok {
-			return 0, 0
+			return 0, 0, errSandboxEnded
 		}
-	case <-time.After(sandboxReadyTimeout):
-		return 0, 0
+	case <-timeout.C:
+		// receiveListeners returns once the sandbox is killed.
+		return 0, 0, fmt.Errorf("the sandbox did not start within %v (bwrap: %s)", sandboxReadyTimeout, r.setupMessages())
 	}
 	r.mu.Lock()
 	r.ready = true
 	r.mu.Unlock()
 	select {
 	case nsInit = <-pid:
-	case <-time.After(sandboxReadyTimeout):
+	case <-timeout.C:
+		return 0, 0, fmt.Errorf("bwrap did not report the sandbox's pid within %v", sandboxReadyTimeout)
 	}
 	if nsInit == 0 {
-		return 0, 0
+		return 0, 0, errSandboxEnded
 	}
-	return nsInit, runtimeOf(nsInit)
+	return nsInit, runtimeOf(nsInit), nil
+}
+
+// errSandboxEnded: the sandbox ended before it came up.
+var errSandboxEnded = errors.New("the sandbox ended before it started")
+
+// setupMessages is what bwrap has said so far, on one line.
+func (r *srtRun) setupMessages() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if msg := strings.TrimSpace(r.setupErr.String()); msg != "" {
+		return strings.ReplaceAll(msg, "\n", "; ")
+	}
+	return "nothing"
 }
 
 // runtimeOf finds the runtime: the one child of the sandbox's pid 1 (bwrap's

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -78,7 +77,7 @@ func (s *service) launchVM() (pid int, retErr error) {
 	if vm.tools, err = microvm.FindTools(); err != nil {
 		return 0, sandboxSetupError(err)
 	}
-	if err := microvm.PrepareDisks(vm.cfg); err != nil {
+	if err := microvm.PrepareDisks(vm.cfg, s.runHelper); err != nil {
 		return 0, sandboxSetupError(err)
 	}
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
@@ -249,7 +248,7 @@ func (s *service) protectShares(vm *vmRun) error {
 				Workspace: i == 0, Home: i == 1})
 		}
 	}
-	if vm.plan, err = protect.Prepare(filepath.Join(sb.DaemonHome, "run", "sandboxes.json"), roots); err != nil {
+	if vm.plan, err = protect.Prepare(protect.LedgerPath(sb.DaemonHome), roots); err != nil {
 		return err
 	}
 	next := 0

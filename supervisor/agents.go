@@ -169,13 +169,18 @@ func (s *Supervisor) updateAgent(name string, a agent.Agent) (agent.Agent, error
 	return a, nil
 }
 
-// deleteAgent removes an agent and its sessions; it refuses while one runs.
+// deleteAgent removes an agent and its sessions; it refuses while one runs
+// or is being started (see startSession).
 func (s *Supervisor) deleteAgent(name string) error {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(name)
 	if err != nil {
 		s.mu.Unlock()
 		return err
+	}
+	if s.starting[a.ID] > 0 {
+		s.mu.Unlock()
+		return errdefs.FailedPrecondition("agent %s has a session starting: stop it once it has started, then remove the agent", name)
 	}
 	var owned []*sessionState
 	for _, ss := range s.sessions {

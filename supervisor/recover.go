@@ -162,11 +162,13 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 		// the runtime: finish the start that was asked for.
 		resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
 		if err != nil {
-			conn.close()
 			if st, _ := ss.dir.ReadStatus(); st != nil && st.Run == rec.Run && st.State != session.Running {
-				ss.setEnded(st)
+				// It failed and said why: nothing of it stays.
+				ss.setEnded(s.failedStart(ss, rec, conn, boot, err, adoptTimeout))
 				return nil
 			}
+			// Still starting (a VM booting): adopted once it answers.
+			conn.close()
 			return fmt.Errorf("start: %w", err)
 		}
 		ss.setRunning(conn, int(resp.Pid), time.Now())

@@ -19,6 +19,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/errdefs"
 	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/limits"
 	"github.com/agentconnect-md/agentconnect/procstat"
 	"github.com/agentconnect-md/agentconnect/sandbox"
@@ -225,18 +226,39 @@ func mergeEnv(base, over []string) []string {
 	return env
 }
 
+// doneStartingLocked ends one start of a run of agent id; the caller holds
+// s.mu.
+func (s *Supervisor) doneStartingLocked(id string) {
+	if s.starting[id]--; s.starting[id] <= 0 {
+		delete(s.starting, id)
+	}
+}
+
 // startSession creates a session of the agent called agentName and runs it.
+// From the moment the agent is read until the session is registered, the
+// start is counted in s.starting, so that the agent cannot be removed in
+// between (deleteAgent refuses while a start is counted): there is never a
+// session of a removed agent, nor a run in a removed agent directory.
 func (s *Supervisor) startSession(agentName string, command []string) (view, error) {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(agentName)
 	var ag agent.Agent
 	if err == nil {
 		ag = *a
+		s.starting[ag.ID]++
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return view{}, err
 	}
+	registered := false
+	defer func() {
+		if !registered {
+			s.mu.Lock()
+			s.doneStartingLocked(ag.ID)
+			s.mu.Unlock()
+		}
+	}()
 	spec, err := s.buildSpec(ag, command)
 	if err != nil {
 		return view{}, err
@@ -263,6 +285,8 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	}
 	s.mu.Lock()
 	s.sessions[id] = ss
+	s.doneStartingLocked(ag.ID)
+	registered = true
 	s.mu.Unlock()
 	v := ss.view()
 	s.events.add(event{Type: "session.started", SessionID: id, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
@@ -295,27 +319,22 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 		return err
 	}
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
-	boot, err := s.bootstrapShim(ss.dir, socket)
+	boot, err := s.bootstrapShim(ss.dir, rec.Run, socket)
 	if err != nil {
 		return err
 	}
 	conn, err := dialShim(s.ctx, boot, dialTimeout)
 	if err != nil {
-		syscall.Kill(boot.PID, syscall.SIGKILL)
+		s.stopShim(boot)
 		os.Remove(socket)
 		return err
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
-	defer cancel()
+	timeout := s.startTimeout()
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
+	cancel()
 	if err != nil {
-		// The shim recorded why in status.json, and exits.
-		st, rerr := ss.dir.ReadStatus()
-		if rerr != nil || st == nil || st.Run != rec.Run {
-			st = &session.Status{Run: rec.Run, State: session.Exited, ExitCode: -1, Reason: errdefs.FromStatus(err).Error(), ExitedAt: time.Now()}
-		}
-		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
-		conn.close()
+		st := s.failedStart(ss, rec, conn, boot, err, timeout)
 		ss.setEnded(st)
 		log.WithField("reason", st.Reason).Warn("session did not start")
 		return nil
@@ -324,6 +343,66 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 	log.WithFields(logrus.Fields{"pid": resp.Pid, "shim": boot.PID}).Info("session running")
 	go s.monitor(ss, conn, rec.Run)
 	return nil
+}
+
+// startTimeout bounds the Start call of a run.
+func (s *Supervisor) startTimeout() time.Duration {
+	if s.opts.StartTimeout > 0 {
+		return s.opts.StartTimeout
+	}
+	return startTimeout
+}
+
+// failedStart ends a run whose Start call failed and leaves nothing of it
+// behind. A shim that answered has recorded why in status.json and exits
+// once told to; one that did not answer in time (a VM still booting, a
+// wedged shim) is killed, and so is one that does not exit. Then what the
+// run started goes with its cgroup, and its socket, VM runtime directory
+// and placeholders go, before the failure is reported. A supervisor that
+// is stopping leaves the shim alone: the next one adopts it.
+func (s *Supervisor) failedStart(ss *sessionState, rec *session.Record, conn *shimConn, boot *session.Bootstrap, startErr error, timeout time.Duration) *session.Status {
+	if s.ctx.Err() != nil {
+		conn.close()
+		return &session.Status{Run: rec.Run, State: session.Exited, ExitCode: -1, ExitedAt: time.Now().UTC(),
+			Reason: "the daemon stopped while the session was starting; the next daemon adopts it"}
+	}
+	st, _ := ss.dir.ReadStatus()
+	answered := st != nil && st.Run == rec.Run && st.State != session.Running
+	if answered {
+		ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
+		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+		cancel()
+	}
+	conn.close()
+	if !answered || !waitGone(boot.PID, boot.StartTime, shimExitTimeout) {
+		s.stopShim(boot)
+	}
+	s.removeRunLeftovers(rec)
+	if answered {
+		return st
+	}
+	reason := fmt.Sprintf("start: %v; the shim (pid %d) was stopped, and what it had started", errdefs.FromStatus(startErr), boot.PID)
+	if errors.Is(startErr, context.DeadlineExceeded) {
+		reason = fmt.Sprintf("the start did not finish within %v; the shim (pid %d) was stopped, and what it had started", timeout, boot.PID)
+	}
+	st = &session.Status{Run: rec.Run, State: session.Exited, ExitCode: -1, Reason: reason, ExitedAt: time.Now().UTC()}
+	if err := ss.dir.WriteStatus(st); err != nil {
+		s.log.WithError(err).WithField("session", rec.ID).Error("record the failed start")
+	}
+	return st
+}
+
+// waitGone waits until pid, started at startTime, is no longer running, at
+// most timeout, and reports whether it is gone.
+func waitGone(pid int, startTime uint64, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for procstat.Alive(pid, startTime) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // monitor waits for the end of a run through its shim, and records it.
@@ -397,9 +476,20 @@ func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason stri
 	if last != nil && last.Run == rec.Run {
 		st.PID, st.StartedAt = last.PID, last.StartedAt
 		// The runtime died with its shim (Pdeathsig); its children may not
-		// have: they are in its process group and its cgroup.
+		// have: they are in its process group and its cgroup. The group is
+		// signalled only while its leader is still the recorded process:
+		// after a reboot or a long downtime the pid may be another's (see
+		// procstat.SignalGroup for why a dead leader's group is not
+		// signalled). The cgroup kill below takes whatever else is left.
 		if last.PID > 1 {
-			syscall.Kill(-last.PID, syscall.SIGKILL)
+			err := procstat.SignalGroup(last.PID, last.PIDStartTime, syscall.SIGKILL)
+			log := s.log.WithFields(logrus.Fields{"session": rec.ID, "pid": last.PID})
+			switch {
+			case errors.Is(err, procstat.ErrNotSame):
+				log.Info("the lost run's pid is another process now (or has no recorded start time): not signalled")
+			case err != nil && len(rec.Spec.Cgroup) == 0:
+				log.Warn("the lost run's runtime is gone, and without a cgroup what outlived it cannot be told from other processes: not signalled")
+			}
 		}
 	}
 	s.removeRunLeftovers(rec)
@@ -409,7 +499,8 @@ func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason stri
 	return st
 }
 
-// removeRunLeftovers kills and removes a run's cgroup and its socket.
+// removeRunLeftovers kills and removes a run's cgroup, its socket, a VM's
+// runtime directory and an srt sandbox's placeholders.
 func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
 	if len(rec.Spec.Cgroup) > 0 {
 		cg := cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup}
@@ -421,6 +512,10 @@ func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
 	os.Remove(home.ShimSocket(s.socketDir, rec.ID, rec.Run))
 	if vm := rec.Spec.VM; vm != nil && vm.RunDir != "" {
 		os.RemoveAll(vm.RunDir)
+	} else if sb := rec.Spec.Sandbox; sb != nil {
+		// The placeholders of a shim that was killed; a live shim's (and
+		// those of any other sandbox still running) stay.
+		protect.ReleaseDead(protect.LedgerPath(sb.DaemonHome))
 	}
 }
 
@@ -516,11 +611,17 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	var ag agent.Agent
 	if ok {
 		ag = *a
+		s.starting[ag.ID]++ // as in startSession: the agent stays until the run is started
 	}
 	s.mu.Unlock()
 	if !ok {
 		return view{}, errdefs.FailedPrecondition("the agent of session %s (%s) was removed", ss.id, old.Agent)
 	}
+	defer func() {
+		s.mu.Lock()
+		s.doneStartingLocked(ag.ID)
+		s.mu.Unlock()
+	}()
 	var command []string
 	if old.Spec.CommandOverride {
 		command = old.Spec.Command

@@ -9,12 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/ttrpc"
 
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/procstat"
 	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/version"
@@ -30,8 +30,15 @@ const (
 	// shim answers in milliseconds, and one that does not is tried again in
 	// the background rather than hold up the start.
 	adoptTimeout = 500 * time.Millisecond
-	// callTimeout bounds a short call to a shim (State, Start, Kill).
+	// callTimeout bounds a short call to a shim (State, Kill, Shutdown).
 	callTimeout = 10 * time.Second
+	// startTimeout bounds the Start call: longer than the shim's own bound
+	// on a start (a VM's boot among it) by a short call, so that a slow
+	// start ends with the shim's answer. A start that still has not
+	// answered is abandoned, with everything it started.
+	startTimeout = shim.StartTimeout + callTimeout
+	// shimExitTimeout bounds the wait for a shim told to shut down to exit.
+	shimExitTimeout = 5 * time.Second
 )
 
 // shimConn is a connection to one live shim.
@@ -70,7 +77,7 @@ func dialShim(ctx context.Context, boot *session.Bootstrap, timeout time.Duratio
 
 // bootstrapShim runs `agentconnect-shim start` for a session run and
 // returns where the shim listens.
-func (s *Supervisor) bootstrapShim(dir session.Dir, socket string) (*session.Bootstrap, error) {
+func (s *Supervisor) bootstrapShim(dir session.Dir, run uint32, socket string) (*session.Bootstrap, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, bootstrapTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, s.opts.ShimBinary, "start", "--session-dir", string(dir), "--socket", socket)
@@ -80,6 +87,11 @@ func (s *Supervisor) bootstrapShim(dir session.Dir, socket string) (*session.Boo
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
+		// A bootstrap killed by the timeout cannot stop the shim it
+		// started; one that got as far as bootstrap.json is stopped here.
+		if boot, _ := dir.ReadBootstrap(); boot != nil && boot.Run == run {
+			procstat.Kill(boot.PID, boot.StartTime, killWait)
+		}
 		return nil, fmt.Errorf("start shim: %v: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	var ready shim.Ready
@@ -88,9 +100,18 @@ func (s *Supervisor) bootstrapShim(dir session.Dir, socket string) (*session.Boo
 	}
 	// bootstrap.json is the shim's own record; read it for the start time.
 	boot, err := dir.ReadBootstrap()
-	if err != nil || boot == nil || boot.PID != ready.PID {
-		syscall.Kill(ready.PID, syscall.SIGKILL)
+	if err != nil || boot == nil || boot.PID != ready.PID || boot.Run != run {
+		procstat.Kill(ready.PID, ready.StartTime, killWait)
 		return nil, fmt.Errorf("start shim: bootstrap.json does not name the shim (pid %d): %v", ready.PID, err)
 	}
 	return boot, nil
+}
+
+// stopShim kills the shim of boot, once it is still that process, and
+// waits until it is gone. Its runtime and helpers die with it (Pdeathsig,
+// bwrap's --die-with-parent); what is left is in the run's cgroup.
+func (s *Supervisor) stopShim(boot *session.Bootstrap) {
+	if err := procstat.Kill(boot.PID, boot.StartTime, killWait); err != nil {
+		s.log.WithError(err).WithField("shim", boot.PID).Warn("stop shim")
+	}
 }

@@ -48,6 +48,9 @@ type Options struct {
 	Log  *logrus.Logger
 	// Ready is called once the admin socket serves, after recovery.
 	Ready func()
+	// StartTimeout bounds a shim's Start call; zero is the default, longer
+	// than the shim's own bound. Tests shorten it to make starts time out.
+	StartTimeout time.Duration
 }
 
 // Supervisor is a running daemon.
@@ -68,9 +71,12 @@ type Supervisor struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu       sync.Mutex               // guards agents and sessions
+	mu       sync.Mutex               // guards agents, sessions and starting
 	agents   map[string]*agent.Agent  // by id
 	sessions map[string]*sessionState // by id
+	// starting counts, by agent id, the runs being started (a new
+	// session, or a resume): an agent is not removed while one is.
+	starting map[string]int
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the
@@ -110,6 +116,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		startedAt: time.Now(),
 		agents:    map[string]*agent.Agent{},
 		sessions:  map[string]*sessionState{},
+		starting:  map[string]int{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -200,6 +207,13 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
+	// Only the daemon's user, root and socketGroup's members get through.
+	guarded, stopRefusals, err := s.guard(ctx, l)
+	if err != nil {
+		lf.Close()
+		return nil, err
+	}
+	defer stopRefusals()
 	srv, err := ttrpc.NewServer()
 	if err != nil {
 		lf.Close()
@@ -210,7 +224,7 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 		s.log.WithError(err).Warn("record the admin socket's path")
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ctx, l) }()
+	go func() { errc <- srv.Serve(ctx, guarded) }()
 	os.Remove(s.layout.StartupFailurePath())
 	s.events.add(event{Type: "daemon.started", Message: fmt.Sprintf("pid %d", os.Getpid())})
 	s.log.WithFields(logrus.Fields{"home": s.opts.Home, "socket": l.Addr().String(), "pid": os.Getpid()}).Info("daemon serving")

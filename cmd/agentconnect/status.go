@@ -217,7 +217,7 @@ func lifecycle(ctx context.Context, g *globals, w io.Writer, verb string, sig sy
 	if err != nil {
 		return fmt.Errorf("daemon pid %d: %w", pid, err)
 	}
-	if err := syscall.Kill(pid, sig); err != nil {
+	if err := procstat.Signal(pid, startTime, sig); err != nil {
 		return fmt.Errorf("signal daemon (pid %d): %w", pid, err)
 	}
 	deadline := time.Now().Add(lifecycleTimeout)

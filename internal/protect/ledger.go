@@ -99,6 +99,16 @@ func (l *ledger) write(d *ledgerData) error {
 	return atomicfile.WriteVolatileJSON(l.path, d, 0o600)
 }
 
+// LedgerPath is the ledger of the daemon whose home is daemonHome.
+func LedgerPath(daemonHome string) string {
+	return filepath.Join(daemonHome, "run", "sandboxes.json")
+}
+
+// ReleaseDead takes the runs whose shims are gone off the ledger at path
+// and, when no boundary runs any more, removes the placeholders: what a shim
+// that was killed could not do itself.
+func ReleaseDead(path string) { releaseRun(path) }
+
 // releaseRun ends this process's run: it leaves the ledger, and when no other
 // run is left, removes every placeholder that is still empty.
 func releaseRun(path string) {
