@@ -26,6 +26,19 @@ func (r *reaper) expectLocked(pid int) <-chan syscall.WaitStatus {
 	return ch
 }
 
+// signal sends sig to pid, a child started through spawn, unless it has been
+// reaped: until it is, its pid cannot name another process. It reports
+// whether the child was still there.
+func (r *reaper) signal(pid int, sig syscall.Signal) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.waiters[pid]; !ok || pid <= 1 {
+		return false
+	}
+	syscall.Kill(pid, sig)
+	return true
+}
+
 func (r *reaper) run(sigchld <-chan os.Signal) {
 	for range sigchld {
 		r.reap()

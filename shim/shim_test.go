@@ -255,3 +255,36 @@ func TestResetOOMScore(t *testing.T) {
 		}
 	}
 }
+
+// The reaper signals a child only until it has reaped it: after that, its
+// pid may already name another process.
+func TestReaperSignalsOnlyUnreapedChildren(t *testing.T) {
+	r := newReaper()
+	r.mu.Lock()
+	p, err := os.StartProcess("/bin/sleep", []string{"sleep", "30"}, &os.ProcAttr{})
+	if err != nil {
+		r.mu.Unlock()
+		t.Fatal(err)
+	}
+	pid := p.Pid
+	exited := r.expectLocked(pid)
+	r.mu.Unlock()
+	p.Release()
+	if !r.signal(pid, syscall.SIGKILL) {
+		t.Fatal("signal of a running child reported it gone")
+	}
+	for {
+		r.reap()
+		select {
+		case ws := <-exited:
+			if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Errorf("child ended with %v, want SIGKILL", ws)
+			}
+			if r.signal(pid, syscall.SIGKILL) {
+				t.Error("signal of a reaped child was sent")
+			}
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}

@@ -54,6 +54,7 @@ type vmRun struct {
 	helpers  []int                       // virtiofsd's bwrap processes
 	helperEx []<-chan syscall.WaitStatus // and their exits
 	launcher int                         // init, then bwrap around QEMU: killing it ends the VM
+	reaper   *reaper                     // the shim's, which reaps the launcher and the helpers
 	serial   *vmtransport.SerialClient
 	dialer   vmtransport.Dialer
 	client   *ttrpc.Client
@@ -66,7 +67,7 @@ type vmRun struct {
 // launchVM boots the session's VM and runs the runtime in it.
 func (s *service) launchVM() (pid int, retErr error) {
 	spec := s.rec.Spec
-	vm := &vmRun{cfg: *spec.VM}
+	vm := &vmRun{cfg: *spec.VM, reaper: s.reaper}
 	st := &steps{mark: time.Now()}
 	defer func() {
 		if retErr != nil {
@@ -474,9 +475,7 @@ func (vm *vmRun) signal(sig syscall.Signal, all bool) error {
 
 // killQEMU ends the VM at once, from the host: bwrap takes QEMU with it.
 func (vm *vmRun) killQEMU() {
-	if vm.launcher > 1 {
-		syscall.Kill(vm.launcher, syscall.SIGKILL)
-	}
+	vm.reaper.signal(vm.launcher, syscall.SIGKILL)
 }
 
 // stop releases the run's host side: the agent connection, the network,
@@ -495,7 +494,7 @@ func (vm *vmRun) stop() {
 		vm.network.Close()
 	}
 	for _, p := range vm.helpers {
-		syscall.Kill(p, syscall.SIGKILL)
+		vm.reaper.signal(p, syscall.SIGKILL)
 	}
 	for _, ex := range vm.helperEx {
 		select {
