@@ -20,7 +20,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/proxy"
 	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/vmnet"
 	"github.com/agentconnect-md/agentconnect/vmtransport"
@@ -168,17 +167,12 @@ func (s *service) startVMNetwork(vm *vmRun) error {
 	if err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
-	if vm.violations, err = openViolationLog(s.dir.ViolationsPath()); err != nil {
-		return err
-	}
+	vm.violations = openViolationLog(s.dir, s.log)
 	vm.network, err = vmnet.New(vmnet.Config{
-		Policy:   policy,
-		Resolver: resolver(sb.Resolver),
-		OnViolation: func(v vmnet.Violation) {
-			vm.violations.add(proxy.Violation{Time: v.Time, Protocol: v.Protocol, Host: v.Host, Port: v.Port, Addr: v.Addr, Reason: v.Reason})
-			s.log.WithField("host", v.Host).Warnf("network refused: %s", v.Reason)
-		},
-		Logf: s.log.Debugf,
+		Policy:      policy,
+		Resolver:    resolver(sb.Resolver),
+		OnViolation: vm.violations.add,
+		Logf:        s.log.Debugf,
 	})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)

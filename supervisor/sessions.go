@@ -328,10 +328,12 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 
 // monitor waits for the end of a run through its shim, and records it.
 func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
+	var violations *violationFollower
 	if ss.record().Spec.Sandbox != nil {
-		go s.followViolations(ss, run)
+		violations = s.followViolations(ss)
 	}
 	resp, err := conn.shim.Wait(s.ctx, &shimv1.WaitRequest{})
+	violations.finish() // the run's last refusals, before its exit is told
 	if s.ctx.Err() != nil {
 		return // the supervisor is stopping; the shim carries on
 	}
