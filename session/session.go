@@ -131,6 +131,14 @@ type ViolationsReported struct {
 // none.
 const DefaultOutputLimitMiB = 1024
 
+// OutputLimit is the output limit of s's session, in MiB.
+func (s Spec) OutputLimit() (mib int64) {
+	if s.OutputLimitMiB > 0 {
+		return s.OutputLimitMiB
+	}
+	return DefaultOutputLimitMiB
+}
+
 // Limits are applied through the session's cgroup.
 type Limits struct {
 	Pids      int64 `json:"pids"`

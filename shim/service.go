@@ -34,10 +34,14 @@ type service struct {
 	log    *logrus.Entry
 	reaper *reaper
 
-	exited    chan struct{} // closed once the exit is in status.json
-	cleanedUp chan struct{} // closed once the run's leftovers are gone
-	shutdown  chan struct{} // closed by Shutdown
-	stopOnce  sync.Once
+	exited chan struct{} // closed once the exit is in status.json
+	// outputFull is closed once the output log has reached its limit,
+	// which ends the run.
+	outputFull     chan struct{}
+	outputFullOnce sync.Once
+	cleanedUp      chan struct{} // closed once the run's leftovers are gone
+	shutdown       chan struct{} // closed by Shutdown
+	stopOnce       sync.Once
 
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
@@ -54,17 +58,21 @@ type service struct {
 	stdinClosed bool
 	exit        *session.Status
 	vm          *vmRun // a microsandbox run's VM, once it runs
+	// outputLimited: the run was stopped at the output limit.
+	outputLimited bool
+	outputErr     string // the last output log error logged, so that each is logged once
 }
 
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
 	return &service{
 		rec: rec, dir: dir, out: out, log: log,
-		cg:        cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
-		reaper:    newReaper(),
-		exited:    make(chan struct{}),
-		cleanedUp: make(chan struct{}),
-		shutdown:  make(chan struct{}),
-		status:    shimv1.Status_CREATED,
+		cg:         cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
+		reaper:     newReaper(),
+		exited:     make(chan struct{}),
+		outputFull: make(chan struct{}),
+		cleanedUp:  make(chan struct{}),
+		shutdown:   make(chan struct{}),
+		status:     shimv1.Status_CREATED,
 	}
 }
 
@@ -89,6 +97,12 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
 	s.mu.Unlock()
 
+	if s.out.Full() {
+		err := errdefs.FailedPrecondition("%s: session %s's output.log is full; start a new session", s.outputLimitReason(), s.rec.ID)
+		s.finish(session.Exited, -1, err.Error())
+		close(s.cleanedUp)
+		return nil, errdefs.ToStatus(err)
+	}
 	pid, err := s.launch()
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")

@@ -123,6 +123,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		Limits: session.Limits{
 			Pids: int64(a.Resources.Pids), MemoryMiB: int64(a.Resources.MemoryMiB), CPUs: a.Resources.CPUs,
 		},
+		OutputLimitMiB: int64(s.cfg.OutputLimitMiB),
 	}
 	if len(command) > 0 {
 		spec.Command, spec.CommandOverride = command, true
