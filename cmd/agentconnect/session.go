@@ -193,7 +193,11 @@ func printViolations(w io.Writer, s *adminv1.Session) {
 		if v.Port != 0 {
 			dest = net.JoinHostPort(v.Host, strconv.Itoa(int(v.Port)))
 		}
-		fmt.Fprintf(w, "  %s  %s %s  %s  (%d times since %s)\n", timeString(v.Time), v.Protocol, dest, v.Reason, v.Count, timeString(v.FirstTime))
+		times := "once"
+		if v.Count > 1 {
+			times = fmt.Sprintf("%d times since %s", v.Count, timeString(v.FirstTime))
+		}
+		fmt.Fprintf(w, "  %s  %s %s  %s  (%s)\n", timeString(v.Time), v.Protocol, dest, v.Reason, times)
 	}
 	if n := len(s.Violations) - len(shown); n > 0 {
 		fmt.Fprintf(w, "  and %d earlier kinds (--json lists them)\n", n)
