@@ -20,6 +20,8 @@ const (
 	// 2 KiB), one when the kinds run out, and at most one summary a minute.
 	shimLogBaseLines = 20
 	shimLogLineBytes = 2 << 10
+	// A microsandbox VM's console.log: 1 MiB and a notice.
+	boundConsole = 1<<20 + 256
 )
 
 // shownViolations is the part of `session show --json` about refusals.
@@ -216,13 +218,16 @@ func TestOutputLimitEndsTheSession(t *testing.T) {
 	}
 }
 
-// vmFloodScript makes connections from a VM to destinations the policy
-// refuses (private addresses, the metadata address, a denied name), which
-// the shim's VM network refuses, and counts the refusals.
+// vmFloodScript writes 3 MiB to the VM's serial console, then makes
+// connections from the VM to destinations the policy refuses (private
+// addresses, the metadata address, a denied name), which the shim's VM
+// network refuses, and counts the refusals.
 const vmFloodScript = `
 const net = require("net");
 const dns = require("dns");
 const n = Number(process.argv[1]);
+// The serial console, which the guest writes to at will.
+require("fs").writeFileSync("/dev/ttyS0", "x".repeat(3 << 20));
 const targets = [["10.0.0.1", 80], ["192.168.1.1", 22], ["169.254.169.254", 80]];
 let i = 0, refused = 0;
 function next() {
@@ -241,7 +246,8 @@ next();
 
 // TestMicrosandboxRefusalsAreBounded: the refusals of a microsandbox
 // session (its VM network, not the srt proxy) go through the same bounded
-// path: counted, one entry and one event per kind, bounded files.
+// path: counted, one entry and one event per kind, bounded files. The VM's
+// console.log is bounded too.
 func TestMicrosandboxRefusalsAreBounded(t *testing.T) {
 	requireMicrosandbox(t)
 	const connections = 3000
@@ -259,4 +265,11 @@ func TestMicrosandboxRefusalsAreBounded(t *testing.T) {
 	}
 	// The connections, and the one refused name.
 	checkViolationBounds(t, h, id, connections+1, 4, 1024<<20, took)
+	consoles, _ := filepath.Glob(filepath.Join(h, "vms", id, "*", "console.log"))
+	if len(consoles) != 1 {
+		t.Fatalf("console.log of the VM: %v", consoles)
+	}
+	if fi, err := os.Stat(consoles[0]); err != nil || fi.Size() > boundConsole || fi.Size() < 1<<20 {
+		t.Errorf("console.log after 3 MiB written to the console: %v bytes (%v), want 1 MiB and a notice", fi.Size(), err)
+	}
 }

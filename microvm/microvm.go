@@ -87,7 +87,9 @@ func (c Config) QEMUArgs() []string {
 		// virtiofs needs the guest's memory shared with virtiofsd.
 		"-object", "memory-backend-memfd,id=mem,size=" + mem + "M,share=on", "-machine", "memory-backend=mem",
 		"-kernel", c.Kernel, "-initrd", c.Initrd,
-		"-serial", "file:" + c.Dir + "/console.log",
+		// The serial console goes to QEMU's stdout, which the shim copies
+		// to console.log, bounded: the guest writes to it at will.
+		"-serial", "file:/dev/stdout",
 		// QEMU's own seccomp sandbox: no new privileges, no spawning.
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	}

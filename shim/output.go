@@ -5,12 +5,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/outputlog"
 )
+
+// maxConsole bounds a VM's console.log: its kernel's and guest agent's log.
+const maxConsole = 1 << 20
+
+// copyConsole copies a VM's serial console from QEMU to path, up to
+// maxConsole bytes, then says so and drops the rest: the guest writes to
+// its serial port at will.
+func (s *service) copyConsole(r *os.File, path string) {
+	defer r.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		s.log.WithError(err).Warn("open the VM's console.log; its console is dropped")
+		io.Copy(io.Discard, r)
+		return
+	}
+	n, _ := io.Copy(f, io.LimitReader(r, maxConsole))
+	if n == maxConsole {
+		fmt.Fprintf(f, "\n[agentconnect: console.log keeps the first %d bytes; the rest is dropped]\n", maxConsole)
+	}
+	f.Close()
+	io.Copy(io.Discard, r)
+}
 
 // outputLimitGrace is how long a run that reached its output limit has
 // between SIGTERM and SIGKILL, as `session stop` gives by default.

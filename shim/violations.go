@@ -104,6 +104,7 @@ func (l *violationLog) foldLegacy() {
 	defer f.Close()
 	// Nothing else uses the table yet: run has not started.
 	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20) // a line holds a host of up to 64 KiB, escaped
 	for sc.Scan() {
 		var v netpolicy.Violation
 		if json.Unmarshal(sc.Bytes(), &v) == nil {
@@ -226,8 +227,10 @@ func (l *violationLog) flush(final bool) {
 	}
 	dirty := l.dirty
 	snap := l.v
-	snap.Entries = append([]session.ViolationEntry(nil), l.v.Entries...)
-	l.dirty = false
+	if dirty {
+		snap.Entries = append([]session.ViolationEntry(nil), l.v.Entries...)
+		l.dirty = false
+	}
 	l.mu.Unlock()
 	if summary > 0 {
 		l.log.WithFields(logrus.Fields{"refused": snap.Total, "kinds": len(snap.Entries), "notKept": snap.Dropped}).

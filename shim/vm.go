@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,16 +93,24 @@ func (s *service) launchVM() (pid int, retErr error) {
 		return 0, err
 	}
 	go vm.collectQEMUErrors(stderrR)
-	devnull, err := os.Open(os.DevNull)
+	consoleR, consoleW, err := os.Pipe()
 	if err != nil {
 		stderrW.Close()
 		return 0, err
 	}
+	go s.copyConsole(consoleR, filepath.Join(vm.cfg.Dir, "console.log"))
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		stderrW.Close()
+		consoleW.Close()
+		return 0, err
+	}
 	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
 	launcher, exitStatus, execErr, err := s.startInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		[3]*os.File{devnull, devnull, stderrW}, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, nil)
 	devnull.Close()
 	stderrW.Close()
+	consoleW.Close()
 	if err != nil {
 		return 0, sandboxSetupError(err)
 	}
