@@ -82,7 +82,7 @@ func (s *service) outputLimitReason() string {
 // outputLimitReached ends the output with a notice, once, and has the run
 // stopped.
 func (s *service) outputLimitReached() {
-	s.outputFullOnce.Do(func() {
+	s.outFullOnce.Do(func() {
 		reason := s.outputLimitReason()
 		s.log.Warn(reason + "; stopping the run")
 		notice := fmt.Sprintf("agentconnect: %s (outputLimitMiB in the daemon's config.json); the run is stopped and its output is dropped\n", reason)
@@ -92,7 +92,7 @@ func (s *service) outputLimitReached() {
 		s.mu.Lock()
 		s.outputLimited = true
 		s.mu.Unlock()
-		close(s.outputFull)
+		close(s.outFull)
 	})
 }
 
@@ -101,7 +101,7 @@ func (s *service) outputLimitReached() {
 // after outputLimitGrace.
 func (s *service) stopAtOutputLimit() {
 	select {
-	case <-s.outputFull:
+	case <-s.outFull:
 	case <-s.exited:
 		return
 	}

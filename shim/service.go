@@ -34,14 +34,15 @@ type service struct {
 	log    *logrus.Entry
 	reaper *reaper
 
-	exited chan struct{} // closed once the exit is in status.json
-	// outputFull is closed once the output log has reached its limit,
-	// which ends the run.
-	outputFull     chan struct{}
-	outputFullOnce sync.Once
-	cleanedUp      chan struct{} // closed once the run's leftovers are gone
-	shutdown       chan struct{} // closed by Shutdown
-	stopOnce       sync.Once
+	exited    chan struct{} // closed once the exit is in status.json
+	cleanedUp chan struct{} // closed once the run's leftovers are gone
+	shutdown  chan struct{} // closed by Shutdown
+	stopOnce  sync.Once
+
+	// outFull is closed once the output log has reached its limit, which
+	// ends the run.
+	outFull     chan struct{}
+	outFullOnce sync.Once
 
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
@@ -66,13 +67,13 @@ type service struct {
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
 	return &service{
 		rec: rec, dir: dir, out: out, log: log,
-		cg:         cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
-		reaper:     newReaper(),
-		exited:     make(chan struct{}),
-		outputFull: make(chan struct{}),
-		cleanedUp:  make(chan struct{}),
-		shutdown:   make(chan struct{}),
-		status:     shimv1.Status_CREATED,
+		cg:        cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
+		reaper:    newReaper(),
+		exited:    make(chan struct{}),
+		cleanedUp: make(chan struct{}),
+		shutdown:  make(chan struct{}),
+		status:    shimv1.Status_CREATED,
+		outFull:   make(chan struct{}),
 	}
 }
 
