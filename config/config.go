@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	SocketGroup string
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// OutputLimitMiB bounds each session's output log: the run that
+	// reaches it is stopped.
+	OutputLimitMiB int
 	// Warnings are reported once at startup: unknown and retired keys.
 	Warnings []string
 }
@@ -63,10 +67,11 @@ type Config struct {
 // Default is the configuration with no config.json: every strategy offered.
 func Default() *Config {
 	c := &Config{
-		Offered:   map[strategy.Name]bool{},
-		OffReason: map[strategy.Name]string{},
-		VM:        DefaultVM,
-		LogLevel:  "info",
+		Offered:        map[strategy.Name]bool{},
+		OffReason:      map[strategy.Name]string{},
+		VM:             DefaultVM,
+		LogLevel:       "info",
+		OutputLimitMiB: session.DefaultOutputLimitMiB,
 	}
 	for _, n := range strategy.All {
 		c.Offered[n] = true
@@ -128,6 +133,8 @@ func Parse(data []byte) (*Config, error) {
 			c.SocketGroup = p.str("socketGroup", v)
 		case "logLevel":
 			c.LogLevel = p.oneOf("logLevel", v, "debug", "info", "warn", "error")
+		case "outputLimitMiB":
+			c.OutputLimitMiB = p.integer("outputLimitMiB", v, 1, 1<<20)
 		default:
 			p.unknown(key)
 		}

@@ -1,11 +1,13 @@
 package config
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -19,6 +21,7 @@ func TestParseRules(t *testing.T) {
 		reasons map[strategy.Name]string
 		vm      VM
 		backend strategy.Name
+		output  int      // OutputLimitMiB; 0 for the default
 		warns   []string // substrings, one per warning, in order
 		wantErr string   // substring
 	}{
@@ -88,6 +91,10 @@ func TestParseRules(t *testing.T) {
 		{name: "requireSandbox wrong type", json: `{"security": {"requireSandbox": "true"}}`, wantErr: "security.requireSandbox: want true or false"},
 		{name: "security not an object", json: `{"security": []}`, wantErr: "security: want an object"},
 		{name: "bad log level", json: `{"logLevel": "loud"}`, wantErr: "logLevel"},
+		{name: "output limit", json: `{"outputLimitMiB": 8}`, host: true, srt: true, ms: true, vm: DefaultVM, output: 8},
+		{name: "output limit zero", json: `{"outputLimitMiB": 0}`, wantErr: "outputLimitMiB: want a whole number from 1 to 1048576, got 0"},
+		{name: "output limit too big", json: `{"outputLimitMiB": 1048577}`, wantErr: "outputLimitMiB: want a whole number"},
+		{name: "output limit with a unit", json: `{"outputLimitMiB": "1G"}`, wantErr: `outputLimitMiB: want a whole number from 1 to 1048576, got the string "1G"`},
 		{name: "syntax error names the line", json: "{\n  \"sandbox\": {,}\n}", wantErr: "line 2"},
 		{name: "truncated", json: `{"sandbox": {`, wantErr: "invalid JSON"},
 		{name: "not an object", json: `[1]`, wantErr: "want a JSON object"},
@@ -115,6 +122,9 @@ func TestParseRules(t *testing.T) {
 			}
 			if c.VM != tc.vm {
 				t.Errorf("VM = %+v, want %+v", c.VM, tc.vm)
+			}
+			if want := cmp.Or(tc.output, session.DefaultOutputLimitMiB); c.OutputLimitMiB != want {
+				t.Errorf("OutputLimitMiB = %d, want %d", c.OutputLimitMiB, want)
 			}
 			if c.Backend != tc.backend {
 				t.Errorf("Backend = %q, want %q", c.Backend, tc.backend)

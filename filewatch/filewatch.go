@@ -1,11 +1,14 @@
-// Package filewatch wakes a reader when a file it follows is written to
-// (inotify): the session output and violation logs are followed this way, at
-// no cost while nothing is written.
+// Package filewatch wakes a reader when a file it follows is written to, or
+// replaced by a rename (inotify): the session output log and the violations
+// file are followed this way, at no cost while nothing is written.
 package filewatch
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,22 +34,62 @@ func Watch(path string) (*Watcher, error) {
 		return nil, fmt.Errorf("watch %s: %w", path, err)
 	}
 	w := &Watcher{f: os.NewFile(uintptr(fd), "inotify"), C: make(chan struct{}, 1), done: make(chan struct{})}
-	go w.loop()
+	go w.loop("")
 	return w, nil
 }
 
-func (w *Watcher) loop() {
+// WatchReplaced wakes its follower each time a file is renamed to path, as
+// an atomic rewrite does (a watch on the file itself would stay on the
+// replaced inode). path's directory must exist; the file need not.
+func WatchReplaced(path string) (*Watcher, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: inotify: %w", path, err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(path), unix.IN_MOVED_TO|unix.IN_ONLYDIR); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("watch %s: %w", path, err)
+	}
+	w := &Watcher{f: os.NewFile(uintptr(fd), "inotify"), C: make(chan struct{}, 1), done: make(chan struct{})}
+	go w.loop(filepath.Base(path))
+	return w, nil
+}
+
+// loop wakes the follower after each batch of events; with name set, only
+// for batches with an event about that name.
+func (w *Watcher) loop(name string) {
 	defer close(w.done)
 	buf := make([]byte, 4096)
 	for {
-		if _, err := w.f.Read(buf); err != nil {
+		n, err := w.f.Read(buf)
+		if err != nil {
 			return // closed
+		}
+		if name != "" && !names(buf[:n], name) {
+			continue
 		}
 		select {
 		case w.C <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// names reports whether a batch of inotify events has one about name.
+func names(buf []byte, name string) bool {
+	for len(buf) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[0]))
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if end > len(buf) {
+			return false
+		}
+		// The name is NUL-padded.
+		if string(bytes.TrimRight(buf[unix.SizeofInotifyEvent:end], "\x00")) == name {
+			return true
+		}
+		buf = buf[end:]
+	}
+	return false
 }
 
 // Close stops the watcher.

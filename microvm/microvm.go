@@ -103,7 +103,9 @@ func (c Config) QEMUArgs() []string {
 	cmdline := "console=ttyS0 quiet panic=-1 agentconnect.transport=" + c.Transport
 	args := append(c.MachineArgs(),
 		"-kernel", c.Kernel, "-initrd", c.Initrd,
-		"-serial", "file:"+c.Dir+"/console.log",
+		// The serial console goes to QEMU's stdout, which the shim copies
+		// to console.log, bounded: the guest writes to it at will.
+		"-serial", "file:/dev/stdout",
 	)
 	// Entropy from the host, so that nothing in the guest blocks for it.
 	args = append(args, "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0")

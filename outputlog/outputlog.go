@@ -12,6 +12,10 @@
 // Because a header names its own offset, an offset from a client is checked
 // in constant time: it is a record boundary when a header that names it is
 // there. The shim is the only writer; any number of readers follow the file.
+//
+// A log may have a limit: its records stop there (the last one cut to fit),
+// and one notice record may follow, so the file never grows past the limit
+// plus MaxNotice and a header.
 package outputlog
 
 import (
@@ -47,6 +51,8 @@ const (
 	// MaxPayload bounds one record, so one record always fits one message of
 	// the admin API (ttrpc caps messages at 4 MiB).
 	MaxPayload = 64 << 10
+	// MaxNotice bounds the one record WriteNotice may add past the limit.
+	MaxNotice = 1 << 10
 )
 
 var magic = [2]byte{'A', 'C'}
@@ -64,18 +70,25 @@ func (r Record) Next() int64 { return r.Offset + headerSize + int64(len(r.Data))
 // ErrNotBoundary is returned for an offset that is not where a record starts.
 var ErrNotBoundary = errors.New("not a record boundary")
 
+// ErrFull is returned by Write once the log has reached its limit: the
+// output that did not fit was dropped.
+var ErrFull = errors.New("output log is full")
+
 // Writer appends records. It is safe for concurrent use.
 type Writer struct {
-	mu   sync.Mutex // guards f, size and buf
-	f    *os.File
-	size int64
-	buf  []byte
+	mu     sync.Mutex // guards the fields below
+	f      *os.File
+	size   int64
+	limit  int64 // 0: none
+	buf    []byte
+	notice bool // WriteNotice has written its record
 }
 
 // OpenWriter opens the log at path for appending, creating it if needed. A
 // torn record at the end (a crash mid-write) is cut off, so the next record
-// starts on a boundary.
-func OpenWriter(path string) (*Writer, error) {
+// starts on a boundary. A limit above 0 bounds the records Write adds to
+// the file's size.
+func OpenWriter(path string, limit int64) (*Writer, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open output log: %w", err)
@@ -93,7 +106,7 @@ func OpenWriter(path string) (*Writer, error) {
 		f.Close()
 		return nil, fmt.Errorf("open output log: %w", err)
 	}
-	return &Writer{f: f, size: end, buf: make([]byte, 0, headerSize+MaxPayload)}, nil
+	return &Writer{f: f, size: end, limit: limit, buf: make([]byte, 0, headerSize+MaxPayload)}, nil
 }
 
 // validEnd returns the end of the last complete record.
@@ -111,24 +124,61 @@ func validEnd(f *os.File) (int64, error) {
 	}
 }
 
-// Write appends p as records of stream s. Each record is one write(2).
+// Write appends p as records of stream s. Each record is one write(2). With
+// a limit, what would take the log past it is cut off, and ErrFull says so.
 func (w *Writer) Write(s Stream, p []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for len(p) > 0 {
 		n := min(len(p), MaxPayload)
-		b := w.buf[:headerSize]
-		b[0], b[1], b[2], b[3] = magic[0], magic[1], byte(s), 0
-		binary.LittleEndian.PutUint32(b[4:8], uint32(n))
-		binary.LittleEndian.PutUint64(b[8:16], uint64(w.size))
-		b = append(b, p[:n]...)
-		if _, err := w.f.Write(b); err != nil {
-			return fmt.Errorf("write output log: %w", err)
+		if w.limit > 0 {
+			room := w.limit - w.size - headerSize
+			if room <= 0 {
+				return ErrFull
+			}
+			n = int(min(int64(n), room))
 		}
-		w.size += int64(len(b))
+		if err := w.writeLocked(s, p[:n]); err != nil {
+			return err
+		}
 		p = p[n:]
 	}
 	return nil
+}
+
+// WriteNotice appends one record of at most MaxNotice bytes past the limit,
+// to say why the output ends there. Only the first call writes.
+func (w *Writer) WriteNotice(s Stream, p []byte) error {
+	if len(p) > MaxNotice {
+		return fmt.Errorf("write output log: a notice of %d bytes is over %d", len(p), MaxNotice)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.notice {
+		return nil
+	}
+	w.notice = true
+	return w.writeLocked(s, p)
+}
+
+func (w *Writer) writeLocked(s Stream, p []byte) error {
+	b := w.buf[:headerSize]
+	b[0], b[1], b[2], b[3] = magic[0], magic[1], byte(s), 0
+	binary.LittleEndian.PutUint32(b[4:8], uint32(len(p)))
+	binary.LittleEndian.PutUint64(b[8:16], uint64(w.size))
+	b = append(b, p...)
+	if _, err := w.f.Write(b); err != nil {
+		return fmt.Errorf("write output log: %w", err)
+	}
+	w.size += int64(len(b))
+	return nil
+}
+
+// Full reports whether the log has reached its limit: Write adds nothing.
+func (w *Writer) Full() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.limit > 0 && w.size+headerSize >= w.limit
 }
 
 // Size is the offset the next record will start at.

@@ -32,7 +32,7 @@ func readAll(t *testing.T, path string, off int64) []Record {
 
 func TestWriteReadResume(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "output.log")
-	w, err := OpenWriter(path)
+	w, err := OpenWriter(path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestWriteReadResume(t *testing.T) {
 	}
 
 	// A second writer (a resumed session) continues after the old output.
-	w, err = OpenWriter(path)
+	w, err = OpenWriter(path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestWriteReadResume(t *testing.T) {
 
 func TestTornTailIsCut(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "output.log")
-	w, _ := OpenWriter(path)
+	w, _ := OpenWriter(path, 0)
 	w.Write(Stdout, []byte("complete\n"))
 	end := w.Size()
 	w.Write(Stdout, []byte("this one will be torn\n"))
@@ -89,7 +89,7 @@ func TestTornTailIsCut(t *testing.T) {
 	if len(recs) != 1 {
 		t.Fatalf("reader returned %d records before the torn one, want 1", len(recs))
 	}
-	w, err := OpenWriter(path)
+	w, err := OpenWriter(path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestTornTailIsCut(t *testing.T) {
 
 func TestPartialRecordIsReadLater(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "output.log")
-	w, _ := OpenWriter(path)
+	w, _ := OpenWriter(path, 0)
 	w.Write(Stdout, []byte("abcdef"))
 	w.Close()
 	full, _ := os.ReadFile(path)
@@ -128,7 +128,7 @@ func TestPartialRecordIsReadLater(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "output.log")
-	w, _ := OpenWriter(path)
+	w, _ := OpenWriter(path, 0)
 	w.Write(Stdout, []byte("one\n"))
 	second := w.Size()
 	w.Write(Stdout, []byte("two\n"))
@@ -155,5 +155,54 @@ func TestCorruptIsAnError(t *testing.T) {
 	defer f.Close()
 	if _, err := NewReader(f, 0).Next(); err == nil || err == io.EOF {
 		t.Errorf("Next on garbage = %v, want a corruption error", err)
+	}
+}
+
+// TestLimit: records stop at the limit, the last one cut to fit; one notice
+// may follow; a writer opened again on the full log adds nothing.
+func TestLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "output.log")
+	const limit = 100 << 10
+	w, err := OpenWriter(path, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("y"), 40<<10)
+	var werr error
+	writes := 0
+	for ; writes < 10 && werr == nil; writes++ {
+		werr = w.Write(Stdout, chunk)
+	}
+	if !errors.Is(werr, ErrFull) || writes != 3 {
+		t.Fatalf("after %d writes of 40 KiB under a 100 KiB limit: %v, want ErrFull on the 3rd", writes, werr)
+	}
+	if w.Size() != limit || !w.Full() {
+		t.Errorf("size %d (full %v), want exactly the limit %d", w.Size(), w.Full(), limit)
+	}
+	if err := w.Write(Stderr, []byte("more")); !errors.Is(err, ErrFull) {
+		t.Errorf("a write to a full log = %v, want ErrFull", err)
+	}
+	if err := w.WriteNotice(Stderr, bytes.Repeat([]byte("n"), MaxNotice+1)); err == nil {
+		t.Error("a notice over MaxNotice was written")
+	}
+	w.WriteNotice(Stderr, []byte("limit reached\n"))
+	w.WriteNotice(Stderr, []byte("a second notice\n"))
+	w.Close()
+	recs := readAll(t, path, 0)
+	last := recs[len(recs)-1]
+	if last.Stream != Stderr || string(last.Data) != "limit reached\n" {
+		t.Errorf("last record %v %q, want the one notice", last.Stream, last.Data)
+	}
+	fi, _ := os.Stat(path)
+	if fi.Size() > limit+headerSize+MaxNotice {
+		t.Errorf("log is %d bytes, over the limit plus one notice", fi.Size())
+	}
+	w, err = OpenWriter(path, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if !w.Full() || !errors.Is(w.Write(Stdout, []byte("x")), ErrFull) {
+		t.Error("a writer opened on a full log is not full")
 	}
 }

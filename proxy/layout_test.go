@@ -39,11 +39,11 @@ func TestSandboxLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var violations []proxy.Violation // guarded by mu
+	var violations []netpolicy.Violation // guarded by mu
 	srv := &proxy.Server{
 		Policy:   p,
 		Resolver: &net.Resolver{PreferGo: true, Dial: testdns.Dialer(dns)},
-		OnViolation: func(v proxy.Violation) {
+		OnViolation: func(v netpolicy.Violation) {
 			mu.Lock()
 			violations = append(violations, v)
 			mu.Unlock()

@@ -51,7 +51,7 @@ type Server struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// OnViolation, if set, is called for every refusal, from the connection's
 	// goroutine; it should return quickly.
-	OnViolation func(Violation)
+	OnViolation func(netpolicy.Violation)
 	// Logf, if set, receives one line per refusal or failed connection.
 	Logf func(format string, args ...any)
 	// HandshakeTimeout bounds reading a request's headers or a SOCKS5
@@ -59,18 +59,8 @@ type Server struct {
 	HandshakeTimeout time.Duration
 }
 
-// Violation describes one refused connection.
-type Violation struct {
-	Time     time.Time
-	Protocol string // "http" | "connect" | "socks5"
-	Host     string // as the client asked
-	Port     int
-	Addr     string // the resolved address that was refused, when it got that far
-	Reason   string
-}
-
 // refusedError is a policy refusal.
-type refusedError struct{ v Violation }
+type refusedError struct{ v netpolicy.Violation }
 
 func (e *refusedError) Error() string { return "refused by policy: " + e.v.Reason }
 
@@ -271,7 +261,7 @@ func (s *Server) dialAddr(ctx context.Context, addr string) (net.Conn, error) {
 }
 
 func (s *Server) refuse(proto, host string, port int, addr, reason string) error {
-	v := Violation{Time: time.Now(), Protocol: proto, Host: host, Port: port, Addr: addr, Reason: reason}
+	v := netpolicy.Violation{Time: time.Now(), Protocol: proto, Host: host, Port: port, Addr: addr, Reason: reason}
 	s.logf("proxy: refused %s %s: %s", proto, hostPort(host, port), reason)
 	if s.OnViolation != nil {
 		s.OnViolation(v)

@@ -57,11 +57,11 @@ type env struct {
 	resolver *fakeResolver
 
 	mu         sync.Mutex // guards the fields that follow
-	violations []proxy.Violation
+	violations []netpolicy.Violation
 	dialed     []string
 }
 
-func (e *env) Violations() []proxy.Violation {
+func (e *env) Violations() []netpolicy.Violation {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.violations)
@@ -103,7 +103,7 @@ func startProxy(t *testing.T, allowed, denied []string, records map[string][]net
 			var d net.Dialer
 			return d.DialContext(ctx, network, ap.String())
 		},
-		OnViolation: func(v proxy.Violation) {
+		OnViolation: func(v netpolicy.Violation) {
 			e.mu.Lock()
 			e.violations = append(e.violations, v)
 			e.mu.Unlock()

@@ -1,17 +1,22 @@
 // Package session defines the files of a session directory, which the
 // supervisor and the session's shim both read: session.json (what to run),
 // bootstrap.json (where the shim listens), status.json (how the run is going
-// or how it ended) and output.log.
+// or how it ended), output.log and violations.json (the refused
+// connections).
 package session
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path/filepath"
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/atomicfile"
 	"github.com/agentconnect-md/agentconnect/microvm"
+	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -52,6 +57,9 @@ type Spec struct {
 	Limits Limits   `json:"limits"`
 	// LimitsNote says what limits apply, or why none do, for status.
 	LimitsNote string `json:"limitsNote"`
+	// OutputLimitMiB bounds output.log: the run that reaches it is stopped
+	// (0, from an older supervisor, means DefaultOutputLimitMiB).
+	OutputLimitMiB int64 `json:"outputLimitMiB"`
 	// Sandbox is the srt boundary's settings; nil for host sessions.
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
 	// VM is the microsandbox VM's settings; nil for other sessions. Its
@@ -81,15 +89,54 @@ type Mount struct {
 	ReadOnly bool   `json:"readonly"`
 }
 
-// Violation is a connection the policy refused, one JSON line each in
-// violations.jsonl, written by the shim.
-type Violation struct {
-	Time     time.Time `json:"time"`
-	Protocol string    `json:"protocol"`
-	Host     string    `json:"host"`
-	Port     int       `json:"port"`
-	Addr     string    `json:"addr"`
-	Reason   string    `json:"reason"`
+// MaxViolationKinds bounds the kinds of refusal (protocol, host, port,
+// reason) a session's violations.json keeps: refusals of a new kind beyond
+// it are counted, not kept.
+const MaxViolationKinds = 256
+
+// Violations is violations.json: the refusals of a session's runs, one
+// entry per kind, written by the shim atomically (a few times a second at
+// most, and at the end of each run). Its size is bounded whatever the
+// session does: MaxViolationKinds entries of bounded fields.
+type Violations struct {
+	// Total counts every refusal, those not kept included.
+	Total uint64 `json:"total"`
+	// Dropped counts the refusals of a new kind once MaxViolationKinds
+	// kinds were kept.
+	Dropped uint64 `json:"dropped"`
+	// Imported is how many entries were folded in from the violations.jsonl
+	// of an earlier version: their events were sent then.
+	Imported int `json:"imported"`
+	// Entries are the kinds, in the order they were first seen.
+	Entries []ViolationEntry `json:"entries"`
+}
+
+// ViolationEntry is one kind of refusal.
+type ViolationEntry struct {
+	// Violation is the latest refusal of the kind: Time is when it was
+	// last seen.
+	netpolicy.Violation
+	Count uint64    `json:"count"`
+	First time.Time `json:"first"`
+}
+
+// ViolationsReported is violations-reported.json, the supervisor's own:
+// how many entries of violations.json it has sent as events, so that a
+// restarted supervisor neither repeats nor skips any.
+type ViolationsReported struct {
+	Entries int `json:"entries"`
+}
+
+// DefaultOutputLimitMiB is a session's output limit when config.json sets
+// none.
+const DefaultOutputLimitMiB = 1024
+
+// OutputLimit is the output limit of s's session, in MiB.
+func (s Spec) OutputLimit() (mib int64) {
+	if s.OutputLimitMiB > 0 {
+		return s.OutputLimitMiB
+	}
+	return DefaultOutputLimitMiB
 }
 
 // Limits are applied through the session's cgroup.
@@ -130,7 +177,16 @@ func (d Dir) BootstrapPath() string  { return filepath.Join(string(d), "bootstra
 func (d Dir) StatusPath() string     { return filepath.Join(string(d), "status.json") }
 func (d Dir) OutputPath() string     { return filepath.Join(string(d), "output.log") }
 func (d Dir) ShimLogPath() string    { return filepath.Join(string(d), "shim.log") }
-func (d Dir) ViolationsPath() string { return filepath.Join(string(d), "violations.jsonl") }
+func (d Dir) ViolationsPath() string { return filepath.Join(string(d), "violations.json") }
+
+// LegacyViolationsPath is the unbounded log of refusals earlier versions
+// appended to; the next run's shim folds it into violations.json.
+func (d Dir) LegacyViolationsPath() string { return filepath.Join(string(d), "violations.jsonl") }
+
+// ViolationsReportedPath is violations-reported.json.
+func (d Dir) ViolationsReportedPath() string {
+	return filepath.Join(string(d), "violations-reported.json")
+}
 
 // ReadRecord reads session.json.
 func (d Dir) ReadRecord() (*Record, error) {
@@ -181,4 +237,29 @@ func (d Dir) WriteStatus(s *Status) error {
 		return atomicfile.WriteVolatileJSON(d.StatusPath(), s, 0o600)
 	}
 	return atomicfile.WriteJSON(d.StatusPath(), s, 0o600)
+}
+
+// ReadViolations reads violations.json; empty when there is none.
+func (d Dir) ReadViolations() (*Violations, error) {
+	var v Violations
+	if err := atomicfile.ReadJSON(d.ViolationsPath(), &v); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return &Violations{}, err
+	}
+	return &v, nil
+}
+
+// WriteViolations writes violations.json atomically; durable fsyncs it, for
+// the last write of a run.
+func (d Dir) WriteViolations(v *Violations, durable bool) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	// Hosts come from the session: no <, > or & turned into six bytes each.
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write %s: %w", d.ViolationsPath(), err)
+	}
+	if durable {
+		return atomicfile.WriteFile(d.ViolationsPath(), buf.Bytes(), 0o600)
+	}
+	return atomicfile.WriteVolatile(d.ViolationsPath(), buf.Bytes(), 0o600)
 }

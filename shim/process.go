@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -350,6 +349,7 @@ func (s *service) running(pid, launcher, nsInit int, stdin stdinWriter, st *step
 		s.log.WithError(err).Error("record running status")
 	}
 	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher, "steps": st.String()}).Info("runtime started")
+	go s.stopAtOutputLimit()
 }
 
 // sandboxSetupError marks an error building a boundary, in the words a
@@ -384,23 +384,6 @@ func exitCode(ws syscall.WaitStatus, execErr string) (int, string) {
 		return 128 + int(sig), fmt.Sprintf("killed by signal %d (%s)", int(sig), unix.SignalName(sig))
 	}
 	return ws.ExitStatus(), ""
-}
-
-func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.WaitGroup) {
-	defer wg.Done()
-	br := bufio.NewReaderSize(f, 32<<10)
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := br.Read(buf)
-		if n > 0 {
-			if werr := s.out.Write(stream, buf[:n]); werr != nil {
-				s.log.WithError(werr).Error("write output log")
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // endRun kills what is left of the session once its runtime has exited and
@@ -453,6 +436,9 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 // lost when the runtime's VM died under it.
 func (s *service) finish(state string, code int, reason string) {
 	s.mu.Lock()
+	if s.outputLimited {
+		reason = strings.TrimSuffix(s.outputLimitReason()+"; "+reason, "; ")
+	}
 	st := &session.Status{
 		Run: s.rec.Run, State: state, PID: s.pid, ExitCode: code, Reason: reason,
 		StartedAt: s.startedAt, ExitedAt: time.Now(),

@@ -68,7 +68,7 @@ func serve(dirPath, socket string) error {
 	log.SetFormatter(&logrus.JSONFormatter{})
 	entry := log.WithFields(logrus.Fields{"session": rec.ID, "run": rec.Run})
 
-	out, err := outputlog.OpenWriter(dir.OutputPath())
+	out, err := outputlog.OpenWriter(dir.OutputPath(), rec.Spec.OutputLimit()<<20)
 	if err != nil {
 		return fail(err)
 	}

@@ -49,6 +49,11 @@ type service struct {
 	shutdown  chan struct{} // closed by Shutdown
 	stopOnce  sync.Once
 
+	// outFull is closed once the output log has reached its limit, which
+	// ends the run.
+	outFull     chan struct{}
+	outFullOnce sync.Once
+
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
 	mu       sync.Mutex // guards the fields below
@@ -64,6 +69,9 @@ type service struct {
 	stdinClosed bool
 	exit        *session.Status
 	vm          *vmRun // a microsandbox run's VM, once it runs
+	// outputLimited: the run was stopped at the output limit.
+	outputLimited bool
+	outputErr     string // the last output log error logged, so that each is logged once
 }
 
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
@@ -75,6 +83,7 @@ func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log
 		cleanedUp: make(chan struct{}),
 		shutdown:  make(chan struct{}),
 		status:    shimv1.Status_CREATED,
+		outFull:   make(chan struct{}),
 	}
 }
 
@@ -99,6 +108,12 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
 	s.mu.Unlock()
 
+	if s.out.Full() {
+		err := errdefs.FailedPrecondition("%s: session %s's output.log is full; start a new session", s.outputLimitReason(), s.rec.ID)
+		s.finish(session.Exited, -1, err.Error())
+		close(s.cleanedUp)
+		return nil, errdefs.ToStatus(err)
+	}
 	pid, err := s.launch()
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")

@@ -50,7 +50,13 @@ type started struct {
 // startShim writes a session for command and bootstraps a shim for it.
 func startShim(t *testing.T, command ...string) *started {
 	t.Helper()
-	root := t.TempDir()
+	return startShimIn(t, t.TempDir(), nil, command...)
+}
+
+// startShimIn is startShim in root (a session directory "s" there may
+// already hold files), with the spec changed by edit.
+func startShimIn(t *testing.T, root string, edit func(*session.Spec), command ...string) *started {
+	t.Helper()
 	ws := filepath.Join(root, "ws")
 	os.Mkdir(ws, 0o700)
 	dir := session.Dir(filepath.Join(root, "s"))
@@ -58,6 +64,9 @@ func startShim(t *testing.T, command ...string) *started {
 	rec := &session.Record{ID: "s1", Run: 1, Spec: session.Spec{
 		Command: command, Env: []string{"PATH=/usr/bin:/bin", "HOME=" + root}, Workspace: ws,
 	}}
+	if edit != nil {
+		edit(&rec.Spec)
+	}
 	if err := dir.WriteRecord(rec); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/proxy"
 	"github.com/agentconnect-md/agentconnect/sandbox"
 	"github.com/agentconnect-md/agentconnect/seccomp"
-	"github.com/agentconnect-md/agentconnect/session"
 )
 
 // sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.
@@ -136,18 +135,12 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	r.violations, err = openViolationLog(s.dir.ViolationsPath())
-	if err != nil {
-		return nil, err
-	}
+	r.violations = openViolationLog(s.dir, s.log)
 	r.proxy = &proxy.Server{
-		Policy:   policy,
-		Resolver: resolver(sb.Resolver),
-		OnViolation: func(v proxy.Violation) {
-			r.violations.add(v)
-			s.log.WithField("host", v.Host).Warnf("network refused: %s", v.Reason)
-		},
-		Logf: s.log.Debugf,
+		Policy:      policy,
+		Resolver:    resolver(sb.Resolver),
+		OnViolation: r.violations.add,
+		Logf:        s.log.Debugf,
 	}
 	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
 	return r, nil
@@ -345,37 +338,4 @@ func (r *srtRun) stop() {
 	r.setupR.Close()
 	r.statusR.Close()
 	r.violations.close()
-}
-
-// violationLog appends refused connections to violations.jsonl, for the
-// supervisor to report.
-type violationLog struct {
-	mu sync.Mutex
-	f  *os.File
-}
-
-func openViolationLog(path string) (*violationLog, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open violation log: %w", err)
-	}
-	return &violationLog{f: f}, nil
-}
-
-func (l *violationLog) add(v proxy.Violation) {
-	line, err := json.Marshal(session.Violation{
-		Time: v.Time, Protocol: v.Protocol, Host: v.Host, Port: v.Port, Addr: v.Addr, Reason: v.Reason,
-	})
-	if err != nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.f.Write(append(line, '\n'))
-}
-
-func (l *violationLog) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.f.Close()
 }

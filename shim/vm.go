@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,7 +22,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/microvm"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/proxy"
 	"github.com/agentconnect-md/agentconnect/session"
 	"github.com/agentconnect-md/agentconnect/vmnet"
 	"github.com/agentconnect-md/agentconnect/vmtransport"
@@ -104,16 +104,24 @@ func (s *service) launchVM() (pid int, retErr error) {
 		return 0, err
 	}
 	go vm.collectQEMUErrors(stderrR)
-	devnull, err := os.Open(os.DevNull)
+	consoleR, consoleW, err := os.Pipe()
 	if err != nil {
 		stderrW.Close()
 		return 0, err
 	}
+	go s.copyConsole(consoleR, filepath.Join(vm.cfg.Dir, "console.log"))
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		stderrW.Close()
+		consoleW.Close()
+		return 0, err
+	}
 	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
 	launcher, exitStatus, execErr, err := s.startInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		[3]*os.File{devnull, devnull, stderrW}, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, nil)
 	devnull.Close()
 	stderrW.Close()
+	consoleW.Close()
 	if err != nil {
 		return 0, sandboxSetupError(err)
 	}
@@ -179,17 +187,12 @@ func (s *service) startVMNetwork(vm *vmRun) error {
 	if err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
-	if vm.violations, err = openViolationLog(s.dir.ViolationsPath()); err != nil {
-		return err
-	}
+	vm.violations = openViolationLog(s.dir, s.log)
 	vm.network, err = vmnet.New(vmnet.Config{
-		Policy:   policy,
-		Resolver: resolver(sb.Resolver),
-		OnViolation: func(v vmnet.Violation) {
-			vm.violations.add(proxy.Violation{Time: v.Time, Protocol: v.Protocol, Host: v.Host, Port: v.Port, Addr: v.Addr, Reason: v.Reason})
-			s.log.WithField("host", v.Host).Warnf("network refused: %s", v.Reason)
-		},
-		Logf: s.log.Debugf,
+		Policy:      policy,
+		Resolver:    resolver(sb.Resolver),
+		OnViolation: vm.violations.add,
+		Logf:        s.log.Debugf,
 	})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)

@@ -130,11 +130,13 @@ func (a *adminService) GetSession(ctx context.Context, req *adminv1.GetSessionRe
 		return nil, errdefs.ToStatus(err)
 	}
 	p := sessionToProto(ss.view())
-	count, recent := readViolations(ss.dir)
-	p.ViolationCount = uint32(count)
-	for _, v := range recent {
+	vs := readViolations(ss.dir)
+	p.ViolationCount = vs.Total
+	p.ViolationsNotKept = vs.Dropped
+	for _, v := range vs.Entries {
 		p.Violations = append(p.Violations, &adminv1.Violation{
 			Time: timestamppb.New(v.Time), Protocol: v.Protocol, Host: v.Host, Port: uint32(v.Port), Addr: v.Addr, Reason: v.Reason,
+			Count: v.Count, FirstTime: timestamppb.New(v.First),
 		})
 	}
 	if conn := ss.connection(); conn != nil && p.Cgroup != "" {

@@ -24,9 +24,13 @@ const subscriberBuffer = 256
 
 // eventLog keeps the recent events and hands new ones to followers.
 type eventLog struct {
-	mu     sync.Mutex // guards the fields below
-	recent []event
-	subs   map[chan event]struct{}
+	mu sync.Mutex // guards the fields below
+	// ring holds the last eventLogSize events: an add overwrites the
+	// oldest in place, so adding never copies the log.
+	ring  [eventLogSize]event
+	start int // index of the oldest event
+	n     int // events held
+	subs  map[chan event]struct{}
 }
 
 func newEventLog() *eventLog {
@@ -39,9 +43,12 @@ func (l *eventLog) add(e event) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.recent = append(l.recent, e)
-	if len(l.recent) > eventLogSize {
-		l.recent = append(l.recent[:0:0], l.recent[len(l.recent)-eventLogSize:]...)
+	if l.n < eventLogSize {
+		l.ring[(l.start+l.n)%eventLogSize] = e
+		l.n++
+	} else {
+		l.ring[l.start] = e
+		l.start = (l.start + 1) % eventLogSize
 	}
 	for ch := range l.subs {
 		select {
@@ -54,6 +61,17 @@ func (l *eventLog) add(e event) {
 	}
 }
 
+// recentLocked copies the events held, oldest first.
+func (l *eventLog) recentLocked() []event {
+	out := make([]event, 0, l.n)
+	end := l.start + l.n
+	if end <= eventLogSize {
+		return append(out, l.ring[l.start:end]...)
+	}
+	out = append(out, l.ring[l.start:]...)
+	return append(out, l.ring[:end-eventLogSize]...)
+}
+
 // subscribe returns the recent events and a channel of the next ones. The
 // channel is closed when the follower falls too far behind; cancel stops it.
 func (l *eventLog) subscribe() (past []event, next <-chan event, cancel func()) {
@@ -61,8 +79,7 @@ func (l *eventLog) subscribe() (past []event, next <-chan event, cancel func()) 
 	defer l.mu.Unlock()
 	ch := make(chan event, subscriberBuffer)
 	l.subs[ch] = struct{}{}
-	past = append([]event(nil), l.recent...)
-	return past, ch, func() {
+	return l.recentLocked(), ch, func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if _, ok := l.subs[ch]; ok {
@@ -72,9 +89,9 @@ func (l *eventLog) subscribe() (past []event, next <-chan event, cancel func()) 
 	}
 }
 
-// snapshot returns the recent events.
+// snapshot returns the recent events, oldest first.
 func (l *eventLog) snapshot() []event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]event(nil), l.recent...)
+	return l.recentLocked()
 }

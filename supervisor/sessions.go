@@ -124,6 +124,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		Limits: session.Limits{
 			Pids: int64(a.Resources.Pids), MemoryMiB: int64(a.Resources.MemoryMiB), CPUs: a.Resources.CPUs,
 		},
+		OutputLimitMiB: int64(s.cfg.OutputLimitMiB),
 	}
 	if len(command) > 0 {
 		spec.Command, spec.CommandOverride = command, true
@@ -407,10 +408,12 @@ func waitGone(pid int, startTime uint64, timeout time.Duration) bool {
 
 // monitor waits for the end of a run through its shim, and records it.
 func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
+	var violations *violationFollower
 	if ss.record().Spec.Sandbox != nil {
-		go s.followViolations(ss, run)
+		violations = s.followViolations(ss)
 	}
 	resp, err := conn.shim.Wait(s.ctx, &shimv1.WaitRequest{})
+	violations.finish() // the run's last refusals, before its exit is told
 	if s.ctx.Err() != nil {
 		return // the supervisor is stopping; the shim carries on
 	}

@@ -1,89 +1,105 @@
 package supervisor
 
 import (
-	"bufio"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"os"
+	"io/fs"
+	"net"
+	"sort"
+	"strconv"
 
+	"github.com/agentconnect-md/agentconnect/atomicfile"
 	"github.com/agentconnect-md/agentconnect/filewatch"
 	"github.com/agentconnect-md/agentconnect/session"
 )
 
-// recentViolations is how many refusals `session show` lists.
-const recentViolations = 20
-
-// readViolations returns how many refusals a session's log holds and the
-// most recent ones.
-func readViolations(dir session.Dir) (count int, recent []session.Violation) {
-	f, err := os.Open(dir.ViolationsPath())
-	if err != nil {
-		return 0, nil
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var v session.Violation
-		if json.Unmarshal(sc.Bytes(), &v) != nil {
-			continue
-		}
-		count++
-		recent = append(recent, v)
-		if len(recent) > recentViolations {
-			recent = recent[1:]
-		}
-	}
-	return count, recent
+// readViolations returns a session's refusals, the kinds kept ordered by
+// when they were last seen, the latest last. violations.json is bounded, so
+// this costs the same however many connections were refused.
+func readViolations(dir session.Dir) *session.Violations {
+	v, _ := dir.ReadViolations()
+	sort.SliceStable(v.Entries, func(i, j int) bool { return v.Entries[i].Time.Before(v.Entries[j].Time) })
+	return v
 }
 
-// followViolations turns each refusal the shim logs while the run lasts
-// into a session.violation event. It starts at the log's current end: what
-// came before was reported by the supervisor that was running then.
-func (s *Supervisor) followViolations(ss *sessionState, run uint32) {
-	path := ss.dir.ViolationsPath()
-	if f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
-		f.Close()
+// violationFollower sends a session.violation event for each new kind of
+// refusal the shim of a run records in violations.json: one per kind, none
+// for repeats, so at most session.MaxViolationKinds per session.
+type violationFollower struct {
+	stop chan struct{}
+	done chan struct{}
+}
+
+// followViolations follows a session's violations.json while its run lasts.
+func (s *Supervisor) followViolations(ss *sessionState) *violationFollower {
+	f := &violationFollower{stop: make(chan struct{}), done: make(chan struct{})}
+	go f.run(s, ss)
+	return f
+}
+
+// finish reports what the shim recorded last and stops the follower. The
+// shim writes its last refusals before it records the exit, so called once
+// the exit is known, it sends their events before the exit's.
+func (f *violationFollower) finish() {
+	if f == nil {
+		return
 	}
-	w, err := filewatch.Watch(path)
+	close(f.stop)
+	<-f.done
+}
+
+func (f *violationFollower) run(s *Supervisor, ss *sessionState) {
+	defer close(f.done)
+	w, err := filewatch.WatchReplaced(ss.dir.ViolationsPath())
 	if err != nil {
 		s.sessionLog(ss).WithError(err).Warn("follow network violations")
 		return
 	}
 	defer func() { go w.Close() }() // see attach
-	f, err := os.Open(path)
-	if err != nil {
-		return
+	var reported session.ViolationsReported
+	if err := atomicfile.ReadJSON(ss.dir.ViolationsReportedPath(), &reported); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.sessionLog(ss).WithError(err).Warn("read violations-reported.json; reporting violations from the first")
 	}
-	defer f.Close()
-	f.Seek(0, io.SeekEnd)
-	r := bufio.NewReader(f)
-	agentName := ss.record().Agent
-	var partial []byte
 	for {
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				partial = append(partial, line...)
-				break
-			}
-			line = append(partial, line...)
-			partial = nil
-			var v session.Violation
-			if json.Unmarshal(line, &v) == nil {
-				s.events.add(event{Type: "session.violation", SessionID: ss.id, Agent: agentName,
-					Message: fmt.Sprintf("%s %s:%d refused: %s", v.Protocol, v.Host, v.Port, v.Reason)})
-			}
-		}
-		state, removed, changed := ss.watch()
-		if state != session.Running || removed || ss.record().Run != run {
-			return
-		}
+		s.reportViolations(ss, &reported)
 		select {
 		case <-w.C:
-		case <-changed:
+		case <-f.stop:
+			s.reportViolations(ss, &reported)
+			return
 		case <-s.ctx.Done():
 			return
 		}
+	}
+}
+
+// reportViolations sends the events of the kinds not reported yet. The count
+// is recorded first: after a crash in between, a kind's event is missing
+// rather than sent twice.
+func (s *Supervisor) reportViolations(ss *sessionState, reported *session.ViolationsReported) {
+	v, err := ss.dir.ReadViolations()
+	if err != nil {
+		return
+	}
+	if len(v.Entries) < reported.Entries {
+		// The shim started a new file (the old one was damaged).
+		reported.Entries = 0
+	}
+	from := max(reported.Entries, v.Imported)
+	if from >= len(v.Entries) {
+		return
+	}
+	reported.Entries = len(v.Entries)
+	if err := atomicfile.WriteVolatileJSON(ss.dir.ViolationsReportedPath(), reported, 0o600); err != nil {
+		s.sessionLog(ss).WithError(err).Warn("record reported violations")
+	}
+	agentName := ss.record().Agent
+	for _, e := range v.Entries[from:] {
+		dest := e.Host
+		if e.Port != 0 {
+			dest = net.JoinHostPort(e.Host, strconv.Itoa(e.Port))
+		}
+		s.events.add(event{Type: "session.violation", SessionID: ss.id, Agent: agentName,
+			Message: fmt.Sprintf("%s %s refused: %s", e.Protocol, dest, e.Reason)})
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+
+	"github.com/agentconnect-md/agentconnect/netpolicy"
 )
 
 const (
@@ -187,7 +189,7 @@ func (n *Network) lookup(q dnsmessage.Question) (dnsmessage.RCode, []netip.Addr)
 		// reverse lookup (PTR) never leaves the shim.
 		if upstream && n.reported.first("dns "+name, dnsReportWindow) {
 			n.logf("vmnet: refused dns %q: %s", name, reason)
-			n.violation(Violation{Protocol: "dns", Host: name, Reason: reason})
+			n.violation(netpolicy.Violation{Protocol: "dns", Host: name, Reason: reason})
 		}
 		return dnsmessage.RCodeNameError, nil
 	}

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/netpolicy"
 )
 
 const (
@@ -35,17 +37,17 @@ const (
 //  3. The connection is allowed if some candidate passes both
 //     CheckName(candidate, port) and CheckAddr(candidate, addr, port).
 //     Otherwise the first candidate's refusal is reported.
-func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *Violation) {
+func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *netpolicy.Violation) {
 	dst = dst.Unmap()
 	addr := dst
 	switch {
 	case dst == hostAddr:
 		addr = loopback
 	case dst == gatewayAddr:
-		return netip.AddrPort{}, &Violation{Host: dst.String(), Port: port, Addr: dst.String(),
+		return netip.AddrPort{}, &netpolicy.Violation{Host: dst.String(), Port: port, Addr: dst.String(),
 			Reason: fmt.Sprintf("%s is the VM network's gateway, which serves only DNS (port 53); the host's loopback is %s", netip.AddrPortFrom(dst, uint16(port)), HostIP)}
 	case subnet.Contains(dst):
-		return netip.AddrPort{}, &Violation{Host: dst.String(), Port: port, Addr: dst.String(),
+		return netip.AddrPort{}, &netpolicy.Violation{Host: dst.String(), Port: port, Addr: dst.String(),
 			Reason: fmt.Sprintf("%s is on the VM's own network %s, which has no other hosts", dst, Subnet)}
 	}
 
@@ -55,7 +57,7 @@ func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *Violation) {
 		// explain a refusal) by it first.
 		candidates = append([]string{addr.String()}, candidates[:len(candidates)-1]...)
 	}
-	var refused *Violation
+	var refused *netpolicy.Violation
 	for _, host := range candidates {
 		d := n.cfg.Policy.CheckName(host, port)
 		if d.Allow {
@@ -65,7 +67,7 @@ func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *Violation) {
 			return netip.AddrPortFrom(addr, uint16(port)), nil
 		}
 		if refused == nil {
-			refused = &Violation{Host: host, Port: port, Addr: addr.String(), Reason: d.Reason}
+			refused = &netpolicy.Violation{Host: host, Port: port, Addr: addr.String(), Reason: d.Reason}
 		}
 	}
 	return netip.AddrPort{}, refused

@@ -88,16 +88,6 @@ var (
 	loopback    = netip.MustParseAddr("127.0.0.1")
 )
 
-// Violation describes one refused destination.
-type Violation struct {
-	Time     time.Time
-	Protocol string // "tcp" | "udp" | "dns"
-	Host     string // the name or IP literal the destination was judged as
-	Port     int    // 0 for "dns": a name is refused on every port
-	Addr     string // the address that would have been dialled ("127.0.0.1" for HostIP); "" for "dns"
-	Reason   string
-}
-
 // Resolver resolves names for the guest; *net.Resolver satisfies it.
 type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
@@ -119,7 +109,7 @@ type Config struct {
 	// connection, the first refused datagram to each UDP destination, and
 	// refused names (at most once per name in 10 s). It is called from the
 	// network's goroutines and should return quickly.
-	OnViolation func(Violation)
+	OnViolation func(netpolicy.Violation)
 	// Logf, if set, receives one line per refusal or failure.
 	Logf func(format string, args ...any)
 	// MaxConns bounds the TCP connections and UDP flows forwarded at once;
@@ -343,7 +333,7 @@ func (n *Network) logf(format string, args ...any) {
 	}
 }
 
-func (n *Network) violation(v Violation) {
+func (n *Network) violation(v netpolicy.Violation) {
 	v.Time = time.Now()
 	if n.cfg.OnViolation != nil {
 		n.cfg.OnViolation(v)

@@ -69,19 +69,19 @@ func defaultResolver() *fakeResolver {
 // recorder collects violations.
 type recorder struct {
 	mu sync.Mutex
-	vs []Violation
+	vs []netpolicy.Violation
 }
 
-func (r *recorder) add(v Violation) {
+func (r *recorder) add(v netpolicy.Violation) {
 	r.mu.Lock()
 	r.vs = append(r.vs, v)
 	r.mu.Unlock()
 }
 
-func (r *recorder) all() []Violation {
+func (r *recorder) all() []netpolicy.Violation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Violation(nil), r.vs...)
+	return append([]netpolicy.Violation(nil), r.vs...)
 }
 
 // dialRecorder stands in for Config.Dial: it records the address it was
@@ -242,7 +242,7 @@ func wantRefused(t *testing.T, err error) {
 
 // onlyViolation checks that exactly one violation was reported and returns
 // it.
-func onlyViolation(t *testing.T, rec *recorder) Violation {
+func onlyViolation(t *testing.T, rec *recorder) netpolicy.Violation {
 	t.Helper()
 	vs := rec.all()
 	if len(vs) != 1 {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -167,17 +168,43 @@ func newSessionShowCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
 			}
 			fmt.Fprintf(w, "created:   %s\n", timeString(s.CreatedAt))
-			if s.ViolationCount > 0 {
-				fmt.Fprintf(w, "network:   %d connections refused; the latest:\n", s.ViolationCount)
-				for _, v := range s.Violations {
-					fmt.Fprintf(w, "  %s  %s %s:%d  %s\n", timeString(v.Time), v.Protocol, v.Host, v.Port, v.Reason)
-				}
-			}
+			printViolations(w, s)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// shownViolations is how many kinds of refusal `session show` prints;
+// --json has them all.
+const shownViolations = 20
+
+// printViolations prints the refusals of a session: the count, and the
+// kinds seen last, each with its count.
+func printViolations(w io.Writer, s *adminv1.Session) {
+	if s.ViolationCount == 0 {
+		return
+	}
+	fmt.Fprintf(w, "network:   %d connections refused, %d kinds; the latest:\n", s.ViolationCount, len(s.Violations))
+	shown := s.Violations[max(0, len(s.Violations)-shownViolations):]
+	for _, v := range shown {
+		dest := v.Host
+		if v.Port != 0 {
+			dest = net.JoinHostPort(v.Host, strconv.Itoa(int(v.Port)))
+		}
+		times := "once"
+		if v.Count > 1 {
+			times = fmt.Sprintf("%d times since %s", v.Count, timeString(v.FirstTime))
+		}
+		fmt.Fprintf(w, "  %s  %s %s  %s  (%s)\n", timeString(v.Time), v.Protocol, dest, v.Reason, times)
+	}
+	if n := len(s.Violations) - len(shown); n > 0 {
+		fmt.Fprintf(w, "  and %d earlier kinds (--json lists them)\n", n)
+	}
+	if s.ViolationsNotKept > 0 {
+		fmt.Fprintf(w, "  and %d refusals of further kinds, counted but not kept\n", s.ViolationsNotKept)
+	}
 }
 
 func newSessionAttachCommand(g *globals) *cobra.Command {

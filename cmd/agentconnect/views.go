@@ -98,19 +98,25 @@ type sessionJSON struct {
 	Cgroup      string    `json:"cgroup"`
 	Limits      string    `json:"limits"`
 	Usage       usageJSON `json:"usage"`
-	// ViolationCount and Violations: connections the network policy
-	// refused (the recent ones in `session show`).
-	ViolationCount int             `json:"violationCount"`
-	Violations     []violationJSON `json:"violations"`
+	// ViolationCount, Violations and ViolationsNotKept (`session show`):
+	// connections the network policy refused, every one counted; one
+	// entry per kind kept, the latest seen last; refusals of kinds beyond
+	// those kept.
+	ViolationCount    int64           `json:"violationCount"`
+	Violations        []violationJSON `json:"violations"`
+	ViolationsNotKept int64           `json:"violationsNotKept"`
 }
 
+// violationJSON is a kind of refusal: Time is the latest one.
 type violationJSON struct {
-	Time     string `json:"time"`
-	Protocol string `json:"protocol"`
-	Host     string `json:"host"`
-	Port     int    `json:"port"`
-	Addr     string `json:"addr"`
-	Reason   string `json:"reason"`
+	Time      string `json:"time"`
+	Protocol  string `json:"protocol"`
+	Host      string `json:"host"`
+	Port      int    `json:"port"`
+	Addr      string `json:"addr"`
+	Reason    string `json:"reason"`
+	Count     int64  `json:"count"`
+	FirstTime string `json:"firstTime"`
 }
 
 // usageJSON is a running session's cgroup counters (zero otherwise).
@@ -186,10 +192,11 @@ func sessionView(s *adminv1.Session) sessionJSON {
 	if u := s.Usage; u != nil {
 		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}
 	}
-	v.ViolationCount = int(s.ViolationCount)
+	v.ViolationCount, v.ViolationsNotKept = int64(s.ViolationCount), int64(s.ViolationsNotKept)
 	v.Violations = []violationJSON{}
 	for _, x := range s.Violations {
-		v.Violations = append(v.Violations, violationJSON{Time: timeString(x.Time), Protocol: x.Protocol, Host: x.Host, Port: int(x.Port), Addr: x.Addr, Reason: x.Reason})
+		v.Violations = append(v.Violations, violationJSON{Time: timeString(x.Time), Protocol: x.Protocol, Host: x.Host, Port: int(x.Port),
+			Addr: x.Addr, Reason: x.Reason, Count: int64(x.Count), FirstTime: timeString(x.FirstTime)})
 	}
 	return v
 }

@@ -1006,10 +1006,13 @@ type Session struct {
 	Cgroup         string                 `protobuf:"bytes,16,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	Limits         string                 `protobuf:"bytes,17,opt,name=limits,proto3" json:"limits,omitempty"`                                        // what limits apply, or why none do
 	Usage          *Usage                 `protobuf:"bytes,18,opt,name=usage,proto3" json:"usage,omitempty"`                                          // GetSession of a running session with a cgroup
-	ViolationCount uint32                 `protobuf:"varint,19,opt,name=violation_count,json=violationCount,proto3" json:"violation_count,omitempty"` // connections the network policy refused
-	Violations     []*Violation           `protobuf:"bytes,20,rep,name=violations,proto3" json:"violations,omitempty"`                                // GetSession: the most recent ones
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	ViolationCount uint64                 `protobuf:"varint,19,opt,name=violation_count,json=violationCount,proto3" json:"violation_count,omitempty"` // GetSession: connections the network policy refused, every one
+	// GetSession: one per kind of refusal kept (protocol, host, port and
+	// reason; at most 256 kinds a session), the latest seen last.
+	Violations        []*Violation `protobuf:"bytes,20,rep,name=violations,proto3" json:"violations,omitempty"`
+	ViolationsNotKept uint64       `protobuf:"varint,21,opt,name=violations_not_kept,json=violationsNotKept,proto3" json:"violations_not_kept,omitempty"` // GetSession: refusals of a new kind once 256 kinds were kept
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -1168,7 +1171,7 @@ func (x *Session) GetUsage() *Usage {
 	return nil
 }
 
-func (x *Session) GetViolationCount() uint32 {
+func (x *Session) GetViolationCount() uint64 {
 	if x != nil {
 		return x.ViolationCount
 	}
@@ -1182,15 +1185,24 @@ func (x *Session) GetViolations() []*Violation {
 	return nil
 }
 
-// Violation is a connection the network policy refused.
+func (x *Session) GetViolationsNotKept() uint64 {
+	if x != nil {
+		return x.ViolationsNotKept
+	}
+	return 0
+}
+
+// Violation is a kind of connection the network policy refused.
 type Violation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	Protocol      string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"` // http, connect or socks5
+	Time          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`         // the latest refusal of the kind
+	Protocol      string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"` // http, connect or socks5 (srt); tcp, udp or dns (microsandbox)
 	Host          string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
 	Port          uint32                 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
 	Addr          string                 `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"` // the resolved address, when it got that far
 	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Count         uint64                 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"` // refusals of the kind
+	FirstTime     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=first_time,json=firstTime,proto3" json:"first_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1265,6 +1277,20 @@ func (x *Violation) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *Violation) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Violation) GetFirstTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstTime
+	}
+	return nil
 }
 
 // Usage is what a session's cgroup counts.
@@ -2338,7 +2364,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x1c.agentconnect.admin.v1.AgentR\x06agents\"(\n" +
 	"\x12DeleteAgentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteAgentResponse\"\xab\x05\n" +
+	"\x13DeleteAgentResponse\"\xdb\x05\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x19\n" +
@@ -2361,17 +2387,21 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06cgroup\x18\x10 \x01(\tR\x06cgroup\x12\x16\n" +
 	"\x06limits\x18\x11 \x01(\tR\x06limits\x122\n" +
 	"\x05usage\x18\x12 \x01(\v2\x1c.agentconnect.admin.v1.UsageR\x05usage\x12'\n" +
-	"\x0fviolation_count\x18\x13 \x01(\rR\x0eviolationCount\x12@\n" +
+	"\x0fviolation_count\x18\x13 \x01(\x04R\x0eviolationCount\x12@\n" +
 	"\n" +
 	"violations\x18\x14 \x03(\v2 .agentconnect.admin.v1.ViolationR\n" +
-	"violations\"\xab\x01\n" +
+	"violations\x12.\n" +
+	"\x13violations_not_kept\x18\x15 \x01(\x04R\x11violationsNotKept\"\xfc\x01\n" +
 	"\tViolation\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x12\n" +
 	"\x04host\x18\x03 \x01(\tR\x04host\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\rR\x04port\x12\x12\n" +
 	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"`\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05count\x18\a \x01(\x04R\x05count\x129\n" +
+	"\n" +
+	"first_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tfirstTime\"`\n" +
 	"\x05Usage\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x04R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x02 \x01(\x04R\x04pids\x12 \n" +
@@ -2529,50 +2559,51 @@ var file_api_admin_v1_admin_proto_depIdxs = []int32{
 	17, // 12: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
 	16, // 13: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
 	37, // 14: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
-	15, // 15: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
-	0,  // 16: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	37, // 17: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1,  // 18: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	8,  // 19: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	9,  // 20: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	10, // 21: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	11, // 22: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	13, // 23: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	18, // 24: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	19, // 25: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	20, // 26: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	22, // 27: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	23, // 28: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	24, // 29: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	26, // 30: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	27, // 31: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	29, // 32: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	31, // 33: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	33, // 34: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	35, // 35: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 36: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 37: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 38: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 39: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	12, // 40: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	14, // 41: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	15, // 42: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	15, // 43: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	21, // 44: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	15, // 45: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	15, // 46: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	25, // 47: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	15, // 48: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	28, // 49: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	30, // 50: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	32, // 51: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	34, // 52: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	36, // 53: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	36, // [36:54] is the sub-list for method output_type
-	18, // [18:36] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	37, // 15: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
+	15, // 16: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
+	0,  // 17: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
+	37, // 18: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	1,  // 19: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	8,  // 20: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	9,  // 21: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	10, // 22: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	11, // 23: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	13, // 24: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	18, // 25: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	19, // 26: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	20, // 27: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	22, // 28: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	23, // 29: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	24, // 30: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	26, // 31: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	27, // 32: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	29, // 33: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	31, // 34: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	33, // 35: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	35, // 36: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	4,  // 37: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 38: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 39: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 40: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	12, // 41: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	14, // 42: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	15, // 43: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	15, // 44: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	21, // 45: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	15, // 46: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	15, // 47: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	25, // 48: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	15, // 49: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	28, // 50: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	30, // 51: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	32, // 52: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	34, // 53: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	36, // 54: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	37, // [37:55] is the sub-list for method output_type
+	19, // [19:37] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }

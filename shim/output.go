@@ -1,0 +1,114 @@
+package shim
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/outputlog"
+)
+
+// maxConsole bounds a VM's console.log: its kernel's and guest agent's log.
+const maxConsole = 1 << 20
+
+// copyConsole copies a VM's serial console from QEMU to path, up to
+// maxConsole bytes, then says so and drops the rest: the guest writes to
+// its serial port at will.
+func (s *service) copyConsole(r *os.File, path string) {
+	defer r.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		s.log.WithError(err).Warn("open the VM's console.log; its console is dropped")
+		io.Copy(io.Discard, r)
+		return
+	}
+	n, _ := io.Copy(f, io.LimitReader(r, maxConsole))
+	if n == maxConsole {
+		fmt.Fprintf(f, "\n[agentconnect: console.log keeps the first %d bytes; the rest is dropped]\n", maxConsole)
+	}
+	f.Close()
+	io.Copy(io.Discard, r)
+}
+
+// outputLimitGrace is how long a run that reached its output limit has
+// between SIGTERM and SIGKILL, as `session stop` gives by default.
+const outputLimitGrace = 10 * time.Second
+
+// copyOutput copies one of the runtime's output streams to the log. Once the
+// log is full it goes on reading, and drops what it reads, so that a
+// runtime blocked on a full pipe can still act on the SIGTERM that ends it.
+func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.WaitGroup) {
+	defer wg.Done()
+	br := bufio.NewReaderSize(f, 32<<10)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := br.Read(buf)
+		if n > 0 {
+			switch werr := s.out.Write(stream, buf[:n]); {
+			case errors.Is(werr, outputlog.ErrFull):
+				s.outputLimitReached()
+			case werr != nil:
+				s.outputError(werr)
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// outputError logs an error writing the output log once, not once a write:
+// a full disk must not fill shim.log as well.
+func (s *service) outputError(err error) {
+	s.mu.Lock()
+	repeated := err.Error() == s.outputErr
+	s.outputErr = err.Error()
+	s.mu.Unlock()
+	if !repeated {
+		s.log.WithError(err).Error("write output log (repeats are not logged)")
+	}
+}
+
+// outputLimitReason says why a run stopped at its output limit.
+func (s *service) outputLimitReason() string {
+	return fmt.Sprintf("output limit of %d MiB reached", s.rec.Spec.OutputLimit())
+}
+
+// outputLimitReached ends the output with a notice, once, and has the run
+// stopped.
+func (s *service) outputLimitReached() {
+	s.outFullOnce.Do(func() {
+		reason := s.outputLimitReason()
+		s.log.Warn(reason + "; stopping the run")
+		notice := fmt.Sprintf("agentconnect: %s (outputLimitMiB in the daemon's config.json); the run is stopped and its output is dropped\n", reason)
+		if err := s.out.WriteNotice(outputlog.Stderr, []byte(notice)); err != nil {
+			s.outputError(err)
+		}
+		s.mu.Lock()
+		s.outputLimited = true
+		s.mu.Unlock()
+		close(s.outFull)
+	})
+}
+
+// stopAtOutputLimit ends a run whose output reached the limit the way
+// `session stop` does: SIGTERM to every process of the session, SIGKILL
+// after outputLimitGrace.
+func (s *service) stopAtOutputLimit() {
+	select {
+	case <-s.outFull:
+	case <-s.exited:
+		return
+	}
+	s.signalAll(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(outputLimitGrace):
+		s.signalAll(syscall.SIGKILL)
+	}
+}
