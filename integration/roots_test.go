@@ -145,9 +145,32 @@ func verdicts(t *testing.T, script, out string) {
 }
 
 // checkHost looks at the roots from the host after the session: what the
-// battery attempted is not there, what it was allowed to do is.
-func (e rootsEnv) checkHost(t *testing.T) {
+// battery attempted is not there, what it was allowed to do is, and what it
+// planted in the repository it created (sub) is reported, in session show
+// and as events.
+func (e rootsEnv) checkHost(t *testing.T, id string) {
 	t.Helper()
+	var shown struct {
+		Violations []struct {
+			Protocol string `json:"protocol"`
+			Host     string `json:"host"`
+			Reason   string `json:"reason"`
+		} `json:"violations"`
+	}
+	okJSON(t, e.home, &shown, "session", "show", id)
+	files := map[string]string{}
+	for _, v := range shown.Violations {
+		if v.Protocol == "file" {
+			files[v.Host] = v.Reason
+		}
+	}
+	hook, cfg := filepath.Join(e.ws, "sub/.git/hooks/pre-commit"), filepath.Join(e.ws, "sub/.git/config")
+	if !strings.Contains(files[hook], "git hook written during the session") || !strings.Contains(files[cfg], "core.fsmonitor") || len(files) != 2 {
+		t.Errorf("file violations = %v, want the planted hook %s and the fsmonitor in %s, nothing else", files, hook, cfg)
+	}
+	if events := ok(t, e.home, "events", "--json"); !strings.Contains(events, "file "+hook+": git hook written") {
+		t.Errorf("no session.violation event for %s:\n%s", hook, events)
+	}
 	if fi, err := os.Stat(filepath.Join(e.ws, ".git")); err != nil || !fi.IsDir() {
 		t.Fatalf("the workspace has no repository of the daemon's: %v", err)
 	}
@@ -192,12 +215,17 @@ func TestSRTRootsBattery(t *testing.T) {
 	home := newHome(t)
 	startDaemon(t, home)
 	e := setupRoots(t, home, "srt", batteryFuncs+rootsBattery+"echo done\n")
-	r := run(t, home, "", "exec", "box")
+	r := run(t, home, "", "exec", "--keep", "box")
 	if r.code != 0 {
 		t.Fatalf("battery: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 	verdicts(t, rootsBattery, r.stdout)
-	e.checkHost(t)
+	var sessions []session
+	okJSON(t, home, &sessions, "session", "ls")
+	if len(sessions) != 1 {
+		t.Fatalf("sessions after exec --keep: %+v", sessions)
+	}
+	e.checkHost(t, sessions[0].ID)
 }
 
 func TestMicrosandboxBattery(t *testing.T) {
@@ -216,7 +244,7 @@ func TestMicrosandboxBattery(t *testing.T) {
 		"--env", "T_DAEMON_HOME="+h, "--env", "T_OTHER_WS="+otherWS, "--env", "T_HOST_TMP="+hostTmp,
 		"--env", fmt.Sprintf("T_LOOPBACK_PORT=%d", loopback), "--env", "T_PRIVATE_IP="+privateServerIP,
 		"--env", "T_PUBLIC_IP="+publicServerIP, "--env", fmt.Sprintf("T_PUBLIC_PORT=%d", publicPort))
-	_, out := startAndWait(t, h, "box", "")
+	id, out := startAndWait(t, h, "box", "")
 	verdicts(t, rootsBattery+vmBattery, out)
-	e.checkHost(t)
+	e.checkHost(t, id)
 }

@@ -337,5 +337,7 @@ func (r *srtRun) stop() {
 	r.mu.Unlock()
 	r.setupR.Close()
 	r.statusR.Close()
+	// The sandbox is gone: what it left in repositories it created is final.
+	r.violations.addFindings(r.boundary.Audit())
 	r.violations.close()
 }

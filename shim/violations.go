@@ -14,6 +14,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/session"
 )
@@ -29,7 +30,7 @@ const (
 	// Bounds on a kept refusal's fields, in bytes: with JSON's escapes an
 	// entry stays under 2 KiB, so violations.json stays under 512 KiB.
 	maxViolationProtocol = 16
-	maxViolationHost     = 255 // a DNS name is at most 253
+	maxViolationHost     = 1024 // a DNS name is at most 253; a file's path, longer
 	maxViolationAddr     = 64
 	maxViolationReason   = 512
 )
@@ -137,6 +138,8 @@ func (l *violationLog) add(v netpolicy.Violation) {
 	l.dirty = true
 	l.mu.Unlock()
 	switch {
+	case kept && v.Protocol == netpolicy.ProtocolFile:
+		l.log.WithField("path", v.Host).Warn(v.Reason)
 	case kept:
 		l.log.WithFields(logrus.Fields{"protocol": v.Protocol, "host": v.Host, "port": v.Port}).Warnf("network refused: %s", v.Reason)
 	case firstDrop:
@@ -145,6 +148,15 @@ func (l *violationLog) add(v netpolicy.Violation) {
 	select {
 	case l.wake <- struct{}{}:
 	default:
+	}
+}
+
+// addFindings records what the run wrote that host tools would run, found
+// once it ended (protect.Plan.Audit).
+func (l *violationLog) addFindings(findings []protect.Finding) {
+	now := time.Now()
+	for _, f := range findings {
+		l.add(netpolicy.Violation{Time: now, Protocol: netpolicy.ProtocolFile, Host: f.Path, Reason: f.Reason})
 	}
 }
 

@@ -511,7 +511,11 @@ func (vm *vmRun) stop() {
 		}
 	}
 	if vm.plan != nil {
-		// virtiofsd is gone with its mounts: the placeholders may go.
+		// The guest and virtiofsd are gone: what the run left in
+		// repositories it created is final, and the placeholders may go.
+		if vm.violations != nil {
+			vm.violations.addFindings(vm.plan.Audit())
+		}
 		vm.plan.Release()
 	}
 	if vm.violations != nil {

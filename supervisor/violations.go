@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/atomicfile"
 	"github.com/agentconnect-md/agentconnect/filewatch"
+	"github.com/agentconnect-md/agentconnect/netpolicy"
 	"github.com/agentconnect-md/agentconnect/session"
 )
 
@@ -95,11 +96,14 @@ func (s *Supervisor) reportViolations(ss *sessionState, reported *session.Violat
 	}
 	agentName := ss.record().Agent
 	for _, e := range v.Entries[from:] {
-		dest := e.Host
-		if e.Port != 0 {
-			dest = net.JoinHostPort(e.Host, strconv.Itoa(e.Port))
+		msg := fmt.Sprintf("file %s: %s", e.Host, e.Reason)
+		if e.Protocol != netpolicy.ProtocolFile {
+			dest := e.Host
+			if e.Port != 0 {
+				dest = net.JoinHostPort(e.Host, strconv.Itoa(e.Port))
+			}
+			msg = fmt.Sprintf("%s %s refused: %s", e.Protocol, dest, e.Reason)
 		}
-		s.events.add(event{Type: "session.violation", SessionID: ss.id, Agent: agentName,
-			Message: fmt.Sprintf("%s %s refused: %s", e.Protocol, dest, e.Reason)})
+		s.events.add(event{Type: "session.violation", SessionID: ss.id, Agent: agentName, Message: msg})
 	}
 }

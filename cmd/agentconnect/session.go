@@ -186,7 +186,7 @@ func printViolations(w io.Writer, s *adminv1.Session) {
 	if s.ViolationCount == 0 {
 		return
 	}
-	fmt.Fprintf(w, "network:   %d connections refused, %d kinds; the latest:\n", s.ViolationCount, len(s.Violations))
+	fmt.Fprintf(w, "violations: %d (connections refused, files written that host tools run), %d kinds; the latest:\n", s.ViolationCount, len(s.Violations))
 	shown := s.Violations[max(0, len(s.Violations)-shownViolations):]
 	for _, v := range shown {
 		dest := v.Host
