@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 )
 
 // The HTTP side parses request and response heads itself (net/http, and the
@@ -358,12 +360,12 @@ func (s *Server) handleForward(ctx context.Context, set *connSet, cc *clientConn
 	defer up.Close()
 	// The exchange goes through watched connections (the client's reads
 	// too, beneath its buffer), so that it ends when it stalls.
-	w := watchIdle(s.idleTimeout(), cc.Conn, up)
-	wc := &clientConn{Conn: w.wrap(cc.Conn), lr: cc.lr, br: cc.br}
+	w := idle.Start(s.idleTimeout(), cc.Conn, up)
+	wc := &clientConn{Conn: w.Wrap(cc.Conn), lr: cc.lr, br: cc.br}
 	cc.lr.R = wc.Conn
-	forward(wc, req, outgoingHead(req, u.Host), body, w.wrap(up), u.Host)
+	forward(wc, req, outgoingHead(req, u.Host), body, w.Wrap(up), u.Host)
 	cc.lr.R = cc.Conn
-	if w.stop() {
+	if w.Stop() {
 		s.logIdle("http", u.Hostname(), port)
 		return
 	}

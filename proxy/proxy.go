@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 )
 
@@ -423,15 +424,15 @@ func parsePort(s string) (int, error) {
 }
 
 // tunnel copies bytes both ways between the client and upstream until both
-// directions end, or until no byte has moved either way for idle (then it
-// closes both and returns true). An EOF in one direction is passed on as a
+// directions end, or until no byte has moved either way for timeout (then
+// it closes both and returns true). An EOF in one direction is passed on as a
 // half-close (CloseWrite), so the other direction keeps flowing; an error
 // ends both. Bytes the client sent early and that sit in br are sent first.
-func tunnel(client *clientConn, upstream net.Conn, idle time.Duration) (idled bool) {
+func tunnel(client *clientConn, upstream net.Conn, timeout time.Duration) (idled bool) {
 	client.lr.N = 1<<63 - 1
 	client.SetDeadline(time.Time{})
-	w := watchIdle(idle, client.Conn, upstream)
-	c, up := w.wrap(client.Conn), w.wrap(upstream)
+	w := idle.Start(timeout, client.Conn, upstream)
+	c, up := w.Wrap(client.Conn), w.Wrap(upstream)
 	done := make(chan error, 2)
 	go func() {
 		var err error
@@ -455,7 +456,7 @@ func tunnel(client *clientConn, upstream net.Conn, idle time.Duration) (idled bo
 		upstream.Close()
 	}
 	<-done
-	return w.stop()
+	return w.Stop()
 }
 
 // closeWrite half-closes c, or closes it when it cannot half-close.

@@ -1,4 +1,7 @@
-package proxy
+// Package idle closes the connections of an exchange (a proxied tunnel, a
+// forwarded flow) once no byte has moved through them, either way, for a
+// timeout.
+package idle
 
 import (
 	"net"
@@ -6,11 +9,10 @@ import (
 	"time"
 )
 
-// idleWatch closes the connections of one exchange (a tunnel, a forwarded
-// request) once no byte has moved through them, either way, for a timeout.
-// Bytes are seen through the connections wrap returns. It leaves deadlines
-// alone, so the exchange can still use them for its own purposes.
-type idleWatch struct {
+// Watch watches one exchange. Bytes are seen through the connections Wrap
+// returns. It leaves deadlines alone, so the exchange can still use them for
+// its own purposes.
+type Watch struct {
 	timeout time.Duration
 	start   time.Time    // the base of last, for a monotonic clock
 	last    atomic.Int64 // time since start of the last byte either way
@@ -19,14 +21,15 @@ type idleWatch struct {
 	ended   chan struct{} // closed when the watching goroutine returns
 }
 
-// watchIdle starts watching conns with the given timeout.
-func watchIdle(timeout time.Duration, conns ...net.Conn) *idleWatch {
-	w := &idleWatch{timeout: timeout, start: time.Now(), done: make(chan struct{}), ended: make(chan struct{})}
+// Start starts watching: when no byte has moved through the wrapped
+// connections for timeout, it closes conns. Call Stop when the exchange ends.
+func Start(timeout time.Duration, conns ...net.Conn) *Watch {
+	w := &Watch{timeout: timeout, start: time.Now(), done: make(chan struct{}), ended: make(chan struct{})}
 	go w.run(conns)
 	return w
 }
 
-func (w *idleWatch) run(conns []net.Conn) {
+func (w *Watch) run(conns []net.Conn) {
 	defer close(w.ended)
 	t := time.NewTimer(w.timeout)
 	defer t.Stop()
@@ -48,21 +51,22 @@ func (w *idleWatch) run(conns []net.Conn) {
 	}
 }
 
-func (w *idleWatch) touch() { w.last.Store(int64(time.Since(w.start))) }
+func (w *Watch) touch() { w.last.Store(int64(time.Since(w.start))) }
 
-// stop ends the watch and reports whether it closed the connections.
-func (w *idleWatch) stop() bool {
+// Stop ends the watch and reports whether it closed the connections.
+func (w *Watch) Stop() bool {
 	close(w.done)
 	<-w.ended
 	return w.fired.Load()
 }
 
-// wrap returns c with every byte read or written counted as activity.
-func (w *idleWatch) wrap(c net.Conn) net.Conn { return &watchedConn{Conn: c, w: w} }
+// Wrap returns c with every byte read or written counted as activity. It has
+// CloseWrite, which half-closes c or, when c cannot, closes it.
+func (w *Watch) Wrap(c net.Conn) net.Conn { return &watchedConn{Conn: c, w: w} }
 
 type watchedConn struct {
 	net.Conn
-	w *idleWatch
+	w *Watch
 }
 
 func (c *watchedConn) Read(b []byte) (int, error) {
