@@ -8,10 +8,13 @@
 //
 // A destination is checked twice: by name before resolution (CheckName), then
 // each resolved address (CheckAddr). Denied entries always win. Addresses that
-// are not public (loopback, private, link-local, cloud metadata, CGNAT,
-// unspecified, multicast, broadcast and their IPv4-mapped forms) are refused
-// unless an allowed entry with a port names exactly that host or address and
-// that port.
+// are not public are refused unless an allowed entry with a port names exactly
+// that host or address and that port: every range of the IANA special-purpose
+// registries that is not globally reachable or leads back into a local network
+// (loopback, private, link-local, cloud metadata, CGNAT, benchmarking,
+// reserved, multicast, 6to4, Teredo, local-use NAT64, ...), IPv4-mapped and
+// NAT64 forms by the IPv4 address they carry, and the addresses of this host's
+// own interfaces.
 package netpolicy
 
 import (
@@ -297,9 +300,10 @@ func (p *Policy) CheckHost(host string) Decision {
 
 // CheckAddr decides on one resolved address ip of host (call CheckName
 // first; CheckAddr does not repeat it). An address that a denied IP entry
-// matches is refused. An address that is not public is refused unless an
-// allowed entry with a port names exactly host (not through a wildcard) or ip,
-// and port. Every other address passes.
+// matches is refused. An address that is not public (Classify), or that
+// belongs to one of this host's interfaces, is refused unless an allowed
+// entry with a port names exactly host (not through a wildcard) or ip, and
+// port. Every other address passes.
 func (p *Policy) CheckAddr(host string, ip netip.Addr, port int) Decision {
 	if !ip.IsValid() {
 		return Decision{Reason: fmt.Sprintf("%q has no valid address", host)}
@@ -318,6 +322,9 @@ func (p *Policy) CheckAddr(host string, ip netip.Addr, port int) Decision {
 		}
 	}
 	class := Classify(ip)
+	if class == "" {
+		class = hostClass(ip)
+	}
 	if class == "" {
 		return Decision{Allow: true, Reason: fmt.Sprintf("%s is a public address", ip)}
 	}

@@ -1,9 +1,17 @@
 package netpolicy
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func mustNew(t *testing.T, allowed, denied []string) *Policy {
@@ -263,4 +271,250 @@ func TestCheckHost(t *testing.T) {
 	if d := open.CheckHost("bad.example"); !d.Allow {
 		t.Errorf("a name denied on one port only is resolvable: %+v", d)
 	}
+}
+
+// TestClassifyRegistries has a row for each range of the IANA IPv4 and IPv6
+// Special-Purpose Address Registries (and the multicast and reserved
+// blocks): an address inside it, and for the refused ones the addresses just
+// outside, which must not be caught by it.
+func TestClassifyRegistries(t *testing.T) {
+	tests := []struct {
+		ip, class string
+	}{
+		// IPv4
+		{"0.0.0.0", "unspecified address"},
+		{"0.255.255.255", "this-network address"},
+		{"1.0.0.0", ""},
+		{"10.0.0.0", "private address"},
+		{"10.255.255.255", "private address"},
+		{"9.255.255.255", ""},
+		{"11.0.0.0", ""},
+		{"100.63.255.255", ""},
+		{"100.64.0.0", "carrier-grade NAT address"},
+		{"100.128.0.0", ""},
+		{"126.255.255.255", ""},
+		{"127.0.0.1", "loopback address"},
+		{"128.0.0.0", ""},
+		{"169.254.0.1", "link-local address"},
+		{"169.254.169.254", "cloud metadata address"},
+		{"169.253.255.255", ""},
+		{"169.255.0.0", ""},
+		{"172.15.255.255", ""},
+		{"172.16.0.0", "private address"},
+		{"172.32.0.0", ""},
+		{"191.255.255.255", ""},
+		{"192.0.0.0", "IETF protocol assignment address"},
+		{"192.0.0.8", "IETF protocol assignment address"},   // IPv4 dummy address
+		{"192.0.0.9", "IETF protocol assignment address"},   // PCP anycast
+		{"192.0.0.10", "IETF protocol assignment address"},  // TURN anycast
+		{"192.0.0.170", "IETF protocol assignment address"}, // NAT64/DNS64 discovery
+		{"192.0.0.255", "IETF protocol assignment address"},
+		{"192.0.1.0", ""},
+		{"192.0.2.1", ""},     // TEST-NET-1: documentation counts as public
+		{"192.31.196.1", ""},  // AS112
+		{"192.52.193.1", ""},  // AMT
+		{"192.88.98.255", ""}, // just below the 6to4 relays
+		{"192.88.99.1", "6to4 relay anycast address"},
+		{"192.88.100.0", ""},
+		{"192.167.255.255", ""},
+		{"192.168.0.0", "private address"},
+		{"192.169.0.0", ""},
+		{"192.175.48.1", ""}, // AS112 direct delegation
+		{"198.17.255.255", ""},
+		{"198.18.0.0", "benchmarking address"},
+		{"198.19.255.255", "benchmarking address"},
+		{"198.20.0.0", ""},
+		{"198.51.100.1", ""},
+		{"203.0.113.1", ""},
+		{"223.255.255.255", ""},
+		{"224.0.0.0", "multicast address"},
+		{"239.255.255.255", "multicast address"},
+		{"240.0.0.0", "reserved address"},
+		{"255.255.255.254", "reserved address"},
+		{"255.255.255.255", "broadcast address"},
+
+		// IPv6
+		{"::", "unspecified address"},
+		{"::1", "loopback address"},
+		{"::2", "IPv4-compatible address"},
+		{"::ffff:8.8.8.8", ""},
+		{"::ffff:198.18.0.1", "benchmarking address (IPv4-mapped)"},
+		{"::ffff:192.0.0.9", "IETF protocol assignment address (IPv4-mapped)"},
+		{"64:ff9b::808:808", ""}, // NAT64 of 8.8.8.8
+		{"64:ff9b::a00:1", "private address (NAT64)"},
+		{"64:ff9b::c612:1", "benchmarking address (NAT64)"},
+		{"64:ff9b::1:0:0", "reserved address"}, // outside both NAT64 prefixes
+		{"64:ff9b:1::", "local-use NAT64 address"},
+		{"64:ff9b:1:ffff:ffff:ffff:ffff:ffff", "local-use NAT64 address"},
+		{"64:ff9b:1::808:808", "local-use NAT64 address"}, // even with a public IPv4 inside
+		{"64:ff9b:2::", "reserved address"},
+		{"100::1", "discard-only address"},
+		{"100:0:0:1::1", "dummy address"},
+		{"100:0:0:2::", "reserved address"},
+		{"2001::1", "Teredo address"},
+		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo address"},
+		{"2001:1::1", "IETF protocol assignment address"}, // PCP anycast
+		{"2001:1::2", "IETF protocol assignment address"}, // TURN anycast
+		{"2001:1::3", "IETF protocol assignment address"}, // DNS-SD SRP anycast
+		{"2001:2::1", "benchmarking address"},
+		{"2001:2:1::", "IETF protocol assignment address"},
+		{"2001:3::1", ""},     // AMT
+		{"2001:4:112::1", ""}, // AS112
+		{"2001:4:113::1", "IETF protocol assignment address"},
+		{"2001:10::1", "IETF protocol assignment address"}, // deprecated ORCHID
+		{"2001:20::1", ""},                                 // ORCHIDv2
+		{"2001:30::1", ""},                                 // drone remote ID
+		{"2001:40::1", "IETF protocol assignment address"},
+		{"2001:1ff:ffff::", "IETF protocol assignment address"},
+		{"2001:200::1", ""}, // first address after 2001::/23
+		{"2001:db8::1", ""}, // documentation counts as public
+		{"2002::1", "6to4 address"},
+		{"2002:c0a8:101::1", "6to4 address"}, // 6to4 of 192.168.1.1
+		{"2002:808:808::1", "6to4 address"},  // even with a public IPv4 inside
+		{"2003::1", ""},
+		{"2620:4f:8000::1", ""}, // AS112 direct delegation
+		{"3fff::1", ""},         // documentation counts as public
+		{"3fff:fff::1", ""},
+		{"3fff:1000::1", ""},
+		{"5f00::1", "segment routing address"},
+		{"5eff:ffff::1", "reserved address"},
+		{"4000::1", "reserved address"},
+		{"1000::1", "reserved address"},
+		{"e000::1", "reserved address"},
+		{"fc00::1", "private address"},
+		{"fd00:ec2::254", "cloud metadata address"},
+		{"fe80::1", "link-local address"},
+		{"fec0::1", "site-local address"},
+		{"ff02::1", "multicast address"},
+	}
+	for _, tt := range tests {
+		if got := Classify(netip.MustParseAddr(tt.ip)); got != tt.class {
+			t.Errorf("Classify(%s) = %q, want %q", tt.ip, got, tt.class)
+		}
+	}
+}
+
+// TestHostAddressRefused puts an address from a range that counts as public
+// on a veth interface in a network namespace of the test's own, and checks
+// from there that the policy refuses it as the host's (the proxy and the VM
+// network dial from the host's namespace), that an explicit entry opens it,
+// and that a neighbour on the same subnet stays public.
+func TestHostAddressRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a network namespace")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) is not installed (make deps installs it)")
+	}
+	ns := fmt.Sprintf("acnp%d", os.Getpid()%100000)
+	ipCmd := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ipCmd("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	ipCmd("-n", ns, "link", "add", "acveth0", "type", "veth", "peer", "name", "acveth1")
+	ipCmd("-n", ns, "addr", "add", "198.51.100.77/24", "dev", "acveth0")
+	ipCmd("-n", ns, "addr", "add", "2001:db8::77/64", "dev", "acveth0", "nodad")
+
+	type check struct {
+		allowed []string
+		ip      string
+		allow   bool
+		reason  string
+	}
+	checks := []check{
+		{nil, "198.51.100.77", false, "198.51.100.77:8080 is an address of this host, which is refused; to allow it, add \"198.51.100.77:8080\""},
+		{nil, "::ffff:198.51.100.77", false, "address of this host"},
+		{nil, "64:ff9b::c633:644d", false, "address of this host"}, // NAT64 of 198.51.100.77
+		{nil, "2001:db8::77", false, "address of this host"},
+		{nil, "198.51.100.78", true, "public"},
+		{nil, "2001:db8::78", true, "public"},
+		{[]string{"198.51.100.77:8080"}, "198.51.100.77", true, "(address of this host) is allowed by allowedDomains entry \"198.51.100.77:8080\""},
+		{[]string{"198.51.100.77:8081"}, "198.51.100.77", false, "address of this host"},
+	}
+	results := make(chan []Decision)
+	go func() {
+		// This goroutine's thread moves to the test's namespace and is never
+		// unlocked: it ends with the goroutine instead of going back to the
+		// pool in the wrong namespace.
+		runtime.LockOSThread()
+		var out []Decision
+		defer func() { results <- out }()
+		f, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			t.Errorf("enter %s: %v", ns, err)
+			return
+		}
+		invalidateHostAddrs()
+		defer invalidateHostAddrs() // the next check lists the test's own namespace again
+		for _, c := range checks {
+			p, err := New(c.allowed, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			out = append(out, p.CheckAddr(c.ip, netip.MustParseAddr(c.ip), 8080))
+		}
+	}()
+	got := <-results
+	if len(got) != len(checks) {
+		t.Fatalf("%d decisions, want %d", len(got), len(checks))
+	}
+	for i, c := range checks {
+		if d := got[i]; d.Allow != c.allow || !strings.Contains(d.Reason, c.reason) {
+			t.Errorf("allowed %q: CheckAddr(%s, 8080) = %+v, want Allow %v and a reason containing %q", c.allowed, c.ip, d, c.allow, c.reason)
+		}
+	}
+
+	// Outside the namespace the veth's address is nobody's: public.
+	invalidateHostAddrs()
+	if d := (*Policy)(nil).CheckAddr("198.51.100.77", netip.MustParseAddr("198.51.100.77"), 8080); !d.Allow {
+		t.Errorf("198.51.100.77 in the test's own namespace: %+v, want public", d)
+	}
+}
+
+// TestHostAddressesOfThisMachine checks the addresses this machine really
+// has: each one is refused, whatever range it is in.
+func TestHostAddressesOfThisMachine(t *testing.T) {
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) == 0 {
+		t.Skip("no interface addresses")
+	}
+	invalidateHostAddrs()
+	for _, a := range addrs {
+		if d := (*Policy)(nil).CheckAddr("h.test", a, 80); d.Allow {
+			t.Errorf("CheckAddr(h.test, %s, 80) = %+v: an address of this host passed", a, d)
+		}
+	}
+}
+
+// TestHostAddressesUnknown: when the interfaces cannot be listed, no address
+// passes as public.
+func TestHostAddressesUnknown(t *testing.T) {
+	saved := hostAddrs
+	hostAddrs = &addrCache{list: func() ([]netip.Addr, error) {
+		return nil, errors.New("list this host's interface addresses: too many open files")
+	}}
+	t.Cleanup(func() { hostAddrs = saved })
+	d := (*Policy)(nil).CheckAddr("example.com", netip.MustParseAddr("198.51.100.7"), 443)
+	if d.Allow || !strings.Contains(d.Reason, "too many open files") {
+		t.Errorf("CheckAddr with no interface list = %+v, want refused with the reason", d)
+	}
+}
+
+func invalidateHostAddrs() {
+	hostAddrs.mu.Lock()
+	hostAddrs.listed = time.Time{}
+	hostAddrs.mu.Unlock()
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 )
 
 // The HTTP side parses request and response heads itself (net/http, and the
@@ -316,7 +318,9 @@ func (s *Server) handleConnect(ctx context.Context, set *connSet, cc *clientConn
 	if _, err := io.WriteString(cc, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	tunnel(cc, up)
+	if tunnel(cc, up, s.idleTimeout()) {
+		s.logIdle("connect", host, port)
+	}
 }
 
 // handleForward sends an absolute-URI request to its origin and streams the
@@ -354,7 +358,17 @@ func (s *Server) handleForward(ctx context.Context, set *connSet, cc *clientConn
 	}
 	defer set.remove(up)
 	defer up.Close()
-	forward(cc, req, outgoingHead(req, u.Host), body, up, u.Host)
+	// The exchange goes through watched connections (the client's reads
+	// too, beneath its buffer), so that it ends when it stalls.
+	w := idle.Start(s.idleTimeout(), cc.Conn, up)
+	wc := &clientConn{Conn: w.Wrap(cc.Conn), lr: cc.lr, br: cc.br}
+	cc.lr.R = wc.Conn
+	forward(wc, req, outgoingHead(req, u.Host), body, w.Wrap(up), u.Host)
+	cc.lr.R = cc.Conn
+	if w.Stop() {
+		s.logIdle("http", u.Hostname(), port)
+		return
+	}
 	lingerClose(cc)
 }
 

@@ -15,9 +15,11 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 	"github.com/agentconnect-md/agentconnect/netpolicy"
 )
 
@@ -34,6 +36,29 @@ const (
 	replyTimeout = 10 * time.Second
 	// maxHeaderBytes bounds a request line plus headers.
 	maxHeaderBytes = 64 << 10
+	// defaultMaxConns bounds the client connections one Server serves at
+	// once, over all its listeners: one session's. Each holds up to two
+	// sockets and three goroutines in the shim, so a runtime that opens
+	// connections in a loop cannot exhaust the shim's file descriptors or
+	// memory; 256 is far above what package managers and browsers open
+	// (npm: 15 per origin, browsers: 6 per host).
+	defaultMaxConns = 256
+	// maxRefusing bounds the connections beyond the cap that are being told
+	// so (a 503 to an HTTP client); beyond that they are closed unanswered.
+	maxRefusing = 16
+	// busyReplyTimeout bounds reading the first byte of, and answering, a
+	// connection refused for the cap.
+	busyReplyTimeout = time.Second
+	// busyLogInterval is how often a refusal for the cap is logged at most;
+	// the line counts the refusals since the last one.
+	busyLogInterval = 10 * time.Second
+	// defaultIdleTimeout closes a tunnel or forwarded request through which
+	// no byte has moved either way for that long, so a runtime cannot hold
+	// connections (and slots) open forever. It is above what NAT gateways
+	// allow an idle TCP connection (AWS 350 s, Azure 4 min), which clients
+	// already cope with, and above the keep-alive intervals of HTTP/2, gRPC
+	// and SSH clients.
+	defaultIdleTimeout = 10 * time.Minute
 )
 
 // Server is a policy proxy. Set its fields before calling Serve and do not
@@ -57,6 +82,19 @@ type Server struct {
 	// HandshakeTimeout bounds reading a request's headers or a SOCKS5
 	// handshake; 0 means 30 s.
 	HandshakeTimeout time.Duration
+	// MaxConns bounds the client connections served at once, over every
+	// listener; 0 means 256. A connection beyond it is closed at once (an
+	// HTTP client is first answered 503 with the reason).
+	MaxConns int
+	// IdleTimeout closes a tunnel or a forwarded request when no byte has
+	// moved either way for that long; 0 means 10 min.
+	IdleTimeout time.Duration
+
+	initOnce sync.Once
+	slots    chan struct{} // one per client connection being served
+	refusing chan struct{} // one per connection being refused for the cap
+	busy     atomic.Int64  // refusals for the cap not logged yet
+	busyLog  atomic.Int64  // when the last one was logged, in UnixNano
 }
 
 // refusedError is a policy refusal.
@@ -77,6 +115,10 @@ func (e *resolveError) Unwrap() error { return e.err }
 // goroutine. When l is closed it returns nil, after closing the connections
 // it accepted (tunnels included) and waiting for their goroutines.
 func (s *Server) Serve(l net.Listener) error {
+	s.initOnce.Do(func() {
+		s.slots = make(chan struct{}, s.maxConns())
+		s.refusing = make(chan struct{}, maxRefusing)
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	set := &connSet{conns: make(map[net.Conn]struct{})}
 	var wg sync.WaitGroup
@@ -101,18 +143,81 @@ func (s *Server) Serve(l net.Listener) error {
 			return fmt.Errorf("accept: %w", err)
 		}
 		backoff = 0
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			s.refuseBusy(set, &wg, c)
+			continue
+		}
 		if !set.add(c) {
+			<-s.slots
 			c.Close()
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-s.slots }()
 			defer set.remove(c)
 			defer c.Close()
 			s.serveConn(ctx, set, c)
 		}()
 	}
+}
+
+func (s *Server) maxConns() int {
+	if s.MaxConns > 0 {
+		return s.MaxConns
+	}
+	return defaultMaxConns
+}
+
+// refuseBusy turns away a connection accepted beyond the cap, without
+// blocking the accept loop: an HTTP client is answered 503 with the reason
+// when a refusing slot is free, anything else (a SOCKS5 client, or any
+// client while maxRefusing are being answered) is closed.
+func (s *Server) refuseBusy(set *connSet, wg *sync.WaitGroup, c net.Conn) {
+	msg := fmt.Sprintf("the proxy already serves %d connections of this session, the most it allows; close some and retry", cap(s.slots))
+	s.logBusy(msg)
+	select {
+	case s.refusing <- struct{}{}:
+	default:
+		c.Close()
+		return
+	}
+	if !set.add(c) {
+		<-s.refusing
+		c.Close()
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer func() { <-s.refusing }()
+		defer set.remove(c)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(busyReplyTimeout))
+		lr := &io.LimitedReader{R: c, N: maxHeaderBytes}
+		cc := &clientConn{Conn: c, lr: lr, br: bufio.NewReaderSize(lr, 4096)}
+		if first, err := cc.br.Peek(1); err != nil || first[0] == socks5Version {
+			return
+		}
+		if writeError(cc, 503, msg, "") == nil {
+			lingerClose(cc)
+		}
+	}()
+}
+
+// logBusy logs a refusal for the cap, at most once per busyLogInterval, with
+// the number of refusals since the last line.
+func (s *Server) logBusy(msg string) {
+	s.busy.Add(1)
+	now := time.Now().UnixNano()
+	last := s.busyLog.Load()
+	if now-last < int64(busyLogInterval) || !s.busyLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.logf("proxy: refused %d connection(s): %s", s.busy.Swap(0), msg)
 }
 
 func isTemporaryAcceptError(err error) bool {
@@ -181,6 +286,17 @@ func (s *Server) serveConn(ctx context.Context, set *connSet, c net.Conn) {
 		return
 	}
 	s.serveHTTP(ctx, set, cc)
+}
+
+func (s *Server) idleTimeout() time.Duration {
+	if s.IdleTimeout > 0 {
+		return s.IdleTimeout
+	}
+	return defaultIdleTimeout
+}
+
+func (s *Server) logIdle(proto, host string, port int) {
+	s.logf("proxy: %s %s: closed after %v with no bytes either way", proto, hostPort(host, port), s.idleTimeout())
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
@@ -298,28 +414,31 @@ func parsePort(s string) (int, error) {
 }
 
 // tunnel copies bytes both ways between the client and upstream until both
-// directions end. An EOF in one direction is passed on as a half-close
-// (CloseWrite), so the other direction keeps flowing; an error ends both.
-// Bytes the client sent early and that sit in br are sent first.
-func tunnel(client *clientConn, upstream net.Conn) {
+// directions end, or until no byte has moved either way for timeout (then
+// it closes both and returns true). An EOF in one direction is passed on as a
+// half-close (CloseWrite), so the other direction keeps flowing; an error
+// ends both. Bytes the client sent early and that sit in br are sent first.
+func tunnel(client *clientConn, upstream net.Conn, timeout time.Duration) (idled bool) {
 	client.lr.N = 1<<63 - 1
 	client.SetDeadline(time.Time{})
+	w := idle.Start(timeout, client.Conn, upstream)
+	c, up := w.Wrap(client.Conn), w.Wrap(upstream)
 	done := make(chan error, 2)
 	go func() {
 		var err error
 		if n := client.br.Buffered(); n > 0 {
 			b, _ := client.br.Peek(n)
-			_, err = upstream.Write(b)
+			_, err = up.Write(b)
 		}
 		if err == nil {
-			_, err = io.Copy(upstream, client.Conn)
+			_, err = io.Copy(up, c)
 		}
-		closeWrite(upstream)
+		closeWrite(up)
 		done <- err
 	}()
 	go func() {
-		_, err := io.Copy(client.Conn, upstream)
-		closeWrite(client.Conn)
+		_, err := io.Copy(c, up)
+		closeWrite(c)
 		done <- err
 	}()
 	if err := <-done; err != nil {
@@ -327,6 +446,7 @@ func tunnel(client *clientConn, upstream net.Conn) {
 		upstream.Close()
 	}
 	<-done
+	return w.Stop()
 }
 
 // closeWrite half-closes c, or closes it when it cannot half-close.

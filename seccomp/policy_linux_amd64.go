@@ -14,6 +14,13 @@ const (
 	offArgs = 16 // args[i] is at offArgs+8*i; on little-endian amd64 its low 32 bits come first
 )
 
+// Personas (include/uapi/linux/personality.h) that x/sys/unix does not name.
+const (
+	perLinux32 = 0x0008
+	uname26    = 0x0020000
+	perQuery   = 0xffffffff // personality(0xffffffff) only reads the current persona
+)
+
 // x32SyscallBit marks x32 ABI syscall numbers, which arrive with the x86_64
 // arch token (arch/x86/include/uapi/asm/unistd.h __X32_SYSCALL_BIT).
 const x32SyscallBit = 0x40000000
@@ -32,12 +39,14 @@ type rule struct {
 	name string
 	nr   uint32
 	ret  uint32
-	// arg, anyOf and anyBits restrict the rule to calls whose argument arg,
-	// compared on its low 32 bits, equals one of anyOf or has one of anyBits
-	// set. With neither, every call matches.
+	// arg, anyOf, anyBits and noneOf restrict the rule to calls whose
+	// argument arg, compared on its low 32 bits, equals one of anyOf, has
+	// one of anyBits set, or equals none of noneOf. With none of them,
+	// every call matches.
 	arg     int
 	anyOf   []uint32
 	anyBits uint32
+	noneOf  []uint32
 	// nested rules are lifted by Options.NestedSandbox.
 	nested bool
 	// nestedLifts are values of anyOf that Options.NestedSandbox allows.
@@ -65,6 +74,31 @@ var policy = []rule{
 	deny("ptrace", unix.SYS_PTRACE, retEPERM),
 	deny("process_vm_readv", unix.SYS_PROCESS_VM_READV, retEPERM),
 	deny("process_vm_writev", unix.SYS_PROCESS_VM_WRITEV, retEPERM),
+	// Copying an open file out of another process (bwrap's, a helper's), under the same check as ptrace.
+	deny("pidfd_getfd", unix.SYS_PIDFD_GETFD, retEPERM),
+	// Comparing the kernel objects (files, memory, fs) of other processes: what ptrace would tell.
+	deny("kcmp", unix.SYS_KCMP, retEPERM),
+	// Advice (cold, pageout, collapse) on another process's memory.
+	deny("process_madvise", unix.SYS_PROCESS_MADVISE, retEPERM),
+	// Moving another process's pages between NUMA nodes.
+	deny("migrate_pages", unix.SYS_MIGRATE_PAGES, retEPERM),
+	deny("move_pages", unix.SYS_MOVE_PAGES, retEPERM),
+	// Binding memory to NUMA nodes the host schedules for others (docker requires CAP_SYS_NICE).
+	deny("mbind", unix.SYS_MBIND, retEPERM),
+	deny("set_mempolicy", unix.SYS_SET_MEMPOLICY, retEPERM),
+	deny("set_mempolicy_home_node", unix.SYS_SET_MEMPOLICY_HOME_NODE, retEPERM),
+
+	// Opening any file of a filesystem by handle, past the directories that hide it: the "shocker" container escape.
+	deny("open_by_handle_at", unix.SYS_OPEN_BY_HANDLE_AT, retEPERM),
+	// Making the handles for it, which also expose inode and mount identities of the host's files.
+	deny("name_to_handle_at", unix.SYS_NAME_TO_HANDLE_AT, retEPERM),
+	// Watching filesystem events on the host's files (unprivileged since Linux 5.13).
+	deny("fanotify_init", unix.SYS_FANOTIFY_INIT, retEPERM),
+
+	// Personas other than Linux, 32-bit Linux and UNAME26 (docker's list, plus the query) turn off ASLR,
+	// map page zero or make data executable: exploit aids.
+	{name: "personality", nr: unix.SYS_PERSONALITY, ret: retEPERM, arg: 0,
+		noneOf: []uint32{0, perLinux32, uname26, uname26 | perLinux32, perQuery}},
 
 	// Programs loaded into the kernel and the kernel's performance counters.
 	deny("bpf", unix.SYS_BPF, retEPERM),
@@ -107,6 +141,36 @@ var policy = []rule{
 	deny("init_module", unix.SYS_INIT_MODULE, retEPERM),
 	deny("finit_module", unix.SYS_FINIT_MODULE, retEPERM),
 	deny("delete_module", unix.SYS_DELETE_MODULE, retEPERM),
+	// The module calls of Linux 2.4, gone from today's kernels: refused should one ever answer.
+	deny("create_module", unix.SYS_CREATE_MODULE, retEPERM),
+	deny("get_kernel_syms", unix.SYS_GET_KERNEL_SYMS, retEPERM),
+	deny("query_module", unix.SYS_QUERY_MODULE, retEPERM),
+
+	// The host's settings, each behind a capability the sandbox lacks: refused before the kernel's own check.
+	deny("reboot", unix.SYS_REBOOT, retEPERM), // in a PID namespace it kills the namespace's init
+	deny("swapon", unix.SYS_SWAPON, retEPERM),
+	deny("swapoff", unix.SYS_SWAPOFF, retEPERM),
+	deny("acct", unix.SYS_ACCT, retEPERM),
+	deny("quotactl", unix.SYS_QUOTACTL, retEPERM),
+	deny("quotactl_fd", unix.SYS_QUOTACTL_FD, retEPERM),
+	deny("vhangup", unix.SYS_VHANGUP, retEPERM),
+	deny("lookup_dcookie", unix.SYS_LOOKUP_DCOOKIE, retEPERM),
+	deny("nfsservctl", unix.SYS_NFSSERVCTL, retEPERM),
+	// The host's clocks: one process setting them moves every other's.
+	deny("settimeofday", unix.SYS_SETTIMEOFDAY, retEPERM),
+	deny("clock_settime", unix.SYS_CLOCK_SETTIME, retEPERM),
+	deny("adjtimex", unix.SYS_ADJTIMEX, retEPERM),
+	deny("clock_adjtime", unix.SYS_CLOCK_ADJTIME, retEPERM),
+	// The kernel's log holds kernel addresses and the host's messages.
+	deny("syslog", unix.SYS_SYSLOG, retEPERM),
+	// Raw I/O ports reach the host's hardware.
+	deny("iopl", unix.SYS_IOPL, retEPERM),
+	deny("ioperm", unix.SYS_IOPERM, retEPERM),
+	// Obsolete interfaces nothing current uses, kept alive in kernels with a history of bugs.
+	deny("uselib", unix.SYS_USELIB, retEPERM),
+	deny("sysfs", unix.SYS_SYSFS, retEPERM),
+	deny("_sysctl", unix.SYS__SYSCTL, retEPERM),
+	deny("ustat", unix.SYS_USTAT, retEPERM),
 }
 
 // Program returns the filter for o as classic BPF instructions, in the order
@@ -154,9 +218,26 @@ func Program(o Options) ([]unix.SockFilter, error) {
 // either fall through with A unchanged (another syscall) or return.
 func (r rule) block() ([]unix.SockFilter, error) {
 	var body []unix.SockFilter
+	kinds := 0
+	for _, set := range []bool{len(r.anyOf) > 0, r.anyBits != 0, len(r.noneOf) > 0} {
+		if set {
+			kinds++
+		}
+	}
 	switch {
-	case len(r.anyOf) > 0 && r.anyBits != 0:
-		return nil, fmt.Errorf("seccomp filter: rule %s has both a value list and a bit mask", r.name)
+	case kinds > 1:
+		return nil, fmt.Errorf("seccomp filter: rule %s has more than one of a value list, a bit mask and an exception list", r.name)
+	case len(r.noneOf) > 0:
+		// ld arg; jeq v0 → ret allow; ...; ret r.ret; ret allow
+		n := len(r.noneOf)
+		if n > 250 {
+			return nil, fmt.Errorf("seccomp filter: rule %s compares %d values", r.name, n)
+		}
+		body = append(body, r.loadArg())
+		for i, v := range r.noneOf {
+			body = append(body, jump(unix.BPF_JEQ, v, uint8(n-i), 0))
+		}
+		body = append(body, stmt(unix.BPF_RET|unix.BPF_K, r.ret), stmt(unix.BPF_RET|unix.BPF_K, retAllow))
 	case len(r.anyOf) > 0:
 		// ld arg; jeq v0 → ret r.ret; ...; ret allow; ret r.ret
 		n := len(r.anyOf)

@@ -1,11 +1,14 @@
 // Package seccomp builds and installs the seccomp filter that the srt sandbox
 // applies to an agent's runtime just before exec.
 //
-// The filter allows by default and refuses a short list of kernel interfaces a
+// The filter allows by default and refuses a list of kernel interfaces a
 // runtime has no business with (unix, netlink and vsock sockets, io_uring,
-// ptrace, bpf, keys, kexec and modules, new user namespaces, mounts). It is
-// built only for linux/amd64; elsewhere Install fails so the sandbox fails
-// closed.
+// ptrace and everything else that reaches into another process, bpf, keys,
+// kexec and modules, new user namespaces, mounts, file handles, the host's
+// clocks, swap, accounting, quotas and kernel log, raw I/O ports, NUMA
+// placement, unusual personas and obsolete calls): the calls docker's default
+// profile refuses to a process without capabilities. It is built only for
+// linux/amd64; elsewhere Install fails so the sandbox fails closed.
 package seccomp
 
 // Options selects the policy.

@@ -2,12 +2,12 @@ package vmnet
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net"
 	"net/netip"
-	"sync/atomic"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -66,22 +66,27 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		host.Close()
 	})
 	defer stop()
-	splice(guest, host)
+	if splice(guest, host, n.tcpIdle) {
+		n.logf("vmnet: tcp %s: closed after %v with no bytes either way", target, n.tcpIdle)
+	}
 }
 
-// splice copies bytes both ways until both directions end. An EOF in one
-// direction is passed on as a half-close, so the other keeps flowing; an
-// error ends both.
-func splice(guest *gonet.TCPConn, host net.Conn) {
+// splice copies bytes both ways until both directions end, or until no byte
+// has moved either way for timeout (then it closes both and returns true).
+// An EOF in one direction is passed on as a half-close, so the other keeps
+// flowing; an error ends both.
+func splice(guest *gonet.TCPConn, host net.Conn, timeout time.Duration) (idled bool) {
+	w := idle.Start(timeout, guest, host)
+	g, h := w.Wrap(guest), w.Wrap(host)
 	done := make(chan error, 2)
 	go func() {
-		_, err := io.Copy(host, guest)
-		closeWrite(host)
+		_, err := io.Copy(h, g)
+		closeWrite(h)
 		done <- err
 	}()
 	go func() {
-		_, err := io.Copy(guest, host)
-		guest.CloseWrite()
+		_, err := io.Copy(g, h)
+		closeWrite(g)
 		done <- err
 	}()
 	if err := <-done; err != nil {
@@ -91,6 +96,7 @@ func splice(guest *gonet.TCPConn, host net.Conn) {
 	<-done
 	guest.Close()
 	host.Close()
+	return w.Stop()
 }
 
 // closeWrite half-closes c, or closes it when it cannot half-close.
@@ -144,8 +150,8 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 	}()
 }
 
-// relayUDP relays one flow until it is idle for udpIdleTimeout, either side
-// fails, or the network closes.
+// relayUDP relays one flow until no datagram has passed either way for the
+// UDP idle timeout, either side fails, or the network closes.
 func (n *Network) relayUDP(guest *gonet.UDPConn, target netip.AddrPort) {
 	defer guest.Close()
 	host, err := n.dial("udp", target.String())
@@ -160,21 +166,15 @@ func (n *Network) relayUDP(guest *gonet.UDPConn, target netip.AddrPort) {
 	})
 	defer stop()
 
-	var last atomic.Int64 // UnixNano of the last datagram either way
-	last.Store(time.Now().UnixNano())
+	w := idle.Start(n.udpIdle, guest, host)
+	g, h := w.Wrap(guest), w.Wrap(host)
 	copyDatagrams := func(dst, src net.Conn) {
 		buf := make([]byte, 65535)
 		for {
-			src.SetReadDeadline(time.Now().Add(udpIdleTimeout))
 			nr, err := src.Read(buf)
 			if err != nil {
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < udpIdleTimeout {
-					continue // the other direction is active
-				}
 				return
 			}
-			last.Store(time.Now().UnixNano())
 			if _, err := dst.Write(buf[:nr]); err != nil {
 				return
 			}
@@ -183,12 +183,13 @@ func (n *Network) relayUDP(guest *gonet.UDPConn, target netip.AddrPort) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		copyDatagrams(host, guest)
+		copyDatagrams(h, g)
 		host.Close()
 		guest.Close()
 	}()
-	copyDatagrams(guest, host)
+	copyDatagrams(g, h)
 	guest.Close()
 	host.Close()
 	<-done
+	w.Stop()
 }

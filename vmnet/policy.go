@@ -74,8 +74,11 @@ func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *netpolicy.Vi
 }
 
 // nameCache remembers which names this network's DNS resolved to which
-// addresses, so that a connection to an address is judged by its names.
+// addresses, each until its answer's TTL runs out, so that a connection to an
+// address is judged by the names that currently stand for it.
 type nameCache struct {
+	now func() time.Time // time.Now; tests move it
+
 	mu       sync.Mutex
 	maxAddrs int
 	maxNames int
@@ -85,24 +88,31 @@ type nameCache struct {
 
 type namedAddr struct {
 	addr  netip.Addr
-	names []string // most recent first
+	names []namedUntil // most recent first
+}
+
+type namedUntil struct {
+	name    string
+	expires time.Time
 }
 
 func newNameCache(maxAddrs, maxNames int) *nameCache {
-	return &nameCache{maxAddrs: maxAddrs, maxNames: maxNames, byAddr: make(map[netip.Addr]*list.Element)}
+	return &nameCache{now: time.Now, maxAddrs: maxAddrs, maxNames: maxNames, byAddr: make(map[netip.Addr]*list.Element)}
 }
 
-// add records that name resolved to addr.
-func (c *nameCache) add(name string, addr netip.Addr) {
+// add records that name resolved to addr, for ttl from now.
+func (c *nameCache) add(name string, addr netip.Addr, ttl time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.now()
+	entry := namedUntil{name: name, expires: now.Add(ttl)}
 	if el, ok := c.byAddr[addr]; ok {
 		na := el.Value.(*namedAddr)
-		names := make([]string, 0, c.maxNames)
-		names = append(names, name)
-		for _, s := range na.names {
-			if s != name && len(names) < c.maxNames {
-				names = append(names, s)
+		names := make([]namedUntil, 0, c.maxNames)
+		names = append(names, entry)
+		for _, e := range na.names {
+			if e.name != name && e.expires.After(now) && len(names) < c.maxNames {
+				names = append(names, e)
 			}
 		}
 		na.names = names
@@ -114,10 +124,11 @@ func (c *nameCache) add(name string, addr netip.Addr) {
 		c.lru.Remove(oldest)
 		delete(c.byAddr, oldest.Value.(*namedAddr).addr)
 	}
-	c.byAddr[addr] = c.lru.PushFront(&namedAddr{addr: addr, names: []string{name}})
+	c.byAddr[addr] = c.lru.PushFront(&namedAddr{addr: addr, names: []namedUntil{entry}})
 }
 
-// lookup returns the names that resolved to addr, most recent first.
+// lookup returns the names that resolved to addr and have not expired, most
+// recent first.
 func (c *nameCache) lookup(addr netip.Addr) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -125,8 +136,24 @@ func (c *nameCache) lookup(addr netip.Addr) []string {
 	if !ok {
 		return nil
 	}
+	now := c.now()
+	na := el.Value.(*namedAddr)
+	var names []string
+	live := na.names[:0]
+	for _, e := range na.names {
+		if e.expires.After(now) {
+			names = append(names, e.name)
+			live = append(live, e)
+		}
+	}
+	na.names = live
+	if len(live) == 0 {
+		c.lru.Remove(el)
+		delete(c.byAddr, addr)
+		return nil
+	}
 	c.lru.MoveToFront(el)
-	return append([]string(nil), el.Value.(*namedAddr).names...)
+	return names
 }
 
 // reportCache remembers which refusals were reported, so that a guest that

@@ -21,7 +21,9 @@
 // DNS: names are checked before anything is asked upstream. A name that no
 // port of the policy could allow gets NXDOMAIN and a "dns" violation, so a
 // guest with an allowlist cannot tunnel data through lookups of other names.
-// A queries are answered from Config.Resolver. The VM network is IPv4 only,
+// A queries are answered from Config.Resolver, with the upstream answer's
+// TTL within bounds; a name's addresses are judged by the name until that
+// TTL runs out. The VM network is IPv4 only,
 // so AAAA (and every other type) gets an empty answer without an upstream
 // lookup. HostName resolves to HostIP.
 package vmnet
@@ -71,8 +73,15 @@ const (
 	maxHandshakes = 64
 	// dialTimeout bounds one dial.
 	dialTimeout = 10 * time.Second
-	// udpIdleTimeout ends a UDP flow with no datagram either way.
-	udpIdleTimeout = 60 * time.Second
+	// defaultTCPIdleTimeout closes a forwarded TCP connection through which
+	// no byte has moved either way for that long, so that the guest cannot
+	// hold connections (and slots) forever; the same as the srt proxy's, and
+	// above what NAT gateways allow an idle connection.
+	defaultTCPIdleTimeout = 10 * time.Minute
+	// defaultUDPIdleTimeout ends a UDP flow with no datagram either way:
+	// there is no close to end it otherwise. Like a NAT's UDP timeout
+	// (Linux conntrack: 30 s unreplied, 120 s assured).
+	defaultUDPIdleTimeout = 60 * time.Second
 	// txQueueLen is how many frames may wait for QEMU; more are dropped,
 	// as a real NIC would.
 	txQueueLen = 512
@@ -100,7 +109,10 @@ type Config struct {
 	// public addresses only).
 	Policy *netpolicy.Policy
 	// Resolver answers the guest's DNS queries; nil means
-	// net.DefaultResolver.
+	// net.DefaultResolver. A *net.Resolver is asked through Go's own DNS
+	// client, so that the TTL of each answer is seen: the guest is told it
+	// (within 10 s and 1 h) and the answer's addresses stand for the name
+	// that long. Other resolvers' answers last 60 s.
 	Resolver Resolver
 	// Dial connects to a checked "ip:port" ("tcp" or "udp"); nil means a
 	// net.Dialer. Each call gets a context that ends after 10 s.
@@ -116,12 +128,20 @@ type Config struct {
 	// 0 means 256. Beyond it new connections are reset and datagrams
 	// dropped.
 	MaxConns int
+	// TCPIdleTimeout closes a forwarded TCP connection with no byte either
+	// way for that long; 0 means 10 min.
+	TCPIdleTimeout time.Duration
+	// UDPIdleTimeout ends a UDP flow with no datagram either way for that
+	// long, which frees its slot; 0 means 60 s.
+	UDPIdleTimeout time.Duration
 }
 
 // Network is one VM's network. Its methods are safe for concurrent use.
 type Network struct {
 	cfg      Config
 	resolver Resolver
+	tcpIdle  time.Duration
+	udpIdle  time.Duration
 	stack    *stack.Stack
 	link     *endpoint
 	port     *port
@@ -160,6 +180,13 @@ func New(cfg Config) (*Network, error) {
 		maxConns = defaultMaxConns
 	}
 	n.slots = make(chan struct{}, maxConns)
+	n.tcpIdle, n.udpIdle = cfg.TCPIdleTimeout, cfg.UDPIdleTimeout
+	if n.tcpIdle <= 0 {
+		n.tcpIdle = defaultTCPIdleTimeout
+	}
+	if n.udpIdle <= 0 {
+		n.udpIdle = defaultUDPIdleTimeout
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 
 	n.port = &port{n: n}

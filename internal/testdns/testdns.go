@@ -30,9 +30,19 @@ const tcpReadTimeout = 5 * time.Second
 // address (no packet is sent, but the connect is still made).
 func Start(t testing.TB, records map[string][]netip.Addr) (addr string) {
 	t.Helper()
-	s := &server{records: make(map[string][]netip.Addr), conns: make(map[net.Conn]struct{})}
+	return StartTTL(t, records, nil)
+}
+
+// StartTTL is Start with the TTL of each name's records, in seconds, from
+// ttls (1 for a name it does not list).
+func StartTTL(t testing.TB, records map[string][]netip.Addr, ttls map[string]uint32) (addr string) {
+	t.Helper()
+	s := &server{records: make(map[string][]netip.Addr), ttls: make(map[string]uint32), conns: make(map[net.Conn]struct{})}
 	for name, addrs := range records {
 		s.records[canonical(name)] = append(s.records[canonical(name)], addrs...)
+	}
+	for name, ttl := range ttls {
+		s.ttls[canonical(name)] = ttl
 	}
 	pc, ln, err := listenBoth()
 	if err != nil {
@@ -85,6 +95,7 @@ func listenBoth() (net.PacketConn, net.Listener, error) {
 
 type server struct {
 	records map[string][]netip.Addr // by canonical name; read-only after Start
+	ttls    map[string]uint32       // by canonical name; read-only after Start
 	wg      sync.WaitGroup
 
 	mu     sync.Mutex // guards the fields that follow
@@ -183,9 +194,13 @@ func (s *server) answer(query []byte, limit int) (resp []byte, ok bool) {
 		rh.RCode = dnsmessage.RCodeNameError
 		return reply(rh, &q, nil)
 	}
+	ttl, ok := s.ttls[canonical(q.Name.String())]
+	if !ok {
+		ttl = 1
+	}
 	var answers []dnsmessage.Resource
 	for _, a := range addrs {
-		rrh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 1}
+		rrh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: ttl}
 		switch {
 		case q.Type == dnsmessage.TypeA && a.Unmap().Is4():
 			rrh.Type = dnsmessage.TypeA
