@@ -20,10 +20,11 @@ import (
 )
 
 // publicNet is a network namespace the test makes to stand for the public
-// internet: a veth pair, 198.51.100.1 on the host's side and 198.51.100.2
-// inside, where an HTTP server answers on port 8080. 198.51.100.0/24 is a
-// documentation range, which the policy treats as public; no real public
-// address is ever used. The same server answers on a private address,
+// internet: a veth pair, 192.31.196.1 on the host's side and 192.31.196.2
+// inside, where an HTTP server answers on port 8080. 192.31.196.0/24 is
+// AS112's (RFC 7534), which the registries mark globally reachable, so the
+// policy treats it as public; while the test runs the host routes it into
+// the namespace, so no real network is reached. The same server answers on a private address,
 // 10.199.0.2, which the policy refuses without an entry.
 type publicNet struct {
 	name string
@@ -31,8 +32,8 @@ type publicNet struct {
 }
 
 const (
-	publicHostIP    = "198.51.100.1"
-	publicServerIP  = "198.51.100.2"
+	publicHostIP    = "192.31.196.1"
+	publicServerIP  = "192.31.196.2"
 	publicPort      = 8080
 	privateHostIP   = "10.199.0.1"
 	privateServerIP = "10.199.0.2"

@@ -24,9 +24,7 @@ func rng(prefix, class string) addrRange {
 // globally reachable, or that leads back to the host or into a local network,
 // is refused. The first row that contains an address decides, so more
 // specific rows come first. Rows with an empty class are public on purpose:
-// the documentation ranges (see docs/design-notes.md, "Documentation
-// addresses count as public") and the globally reachable assignments inside
-// refused blocks. Ranges the registries mark globally reachable and that no
+// the globally reachable assignments inside refused blocks. Ranges the registries mark globally reachable and that no
 // row covers (AS112 192.31.196.0/24, 192.175.48.0/24, 2620:4f:8000::/48, AMT
 // 192.52.193.0/24) are public like any other address.
 var special = []addrRange{
@@ -41,7 +39,9 @@ var special = []addrRange{
 	// DS-Lite, the PCP and TURN anycast servers and NAT64 discovery: all
 	// served by the local access network, not the internet.
 	rng("192.0.0.0/24", "IETF protocol assignment address"),
-	rng("192.0.2.0/24", ""), // TEST-NET-1, documentation
+	// Documentation ranges route nowhere on the internet, so what answers
+	// there is a local network's: some use one as their LAN.
+	rng("192.0.2.0/24", "documentation address"), // TEST-NET-1
 	// RFC 7526 deprecated the relays; what still answers is some operator's
 	// box, not a destination anyone means.
 	rng("192.88.99.0/24", "6to4 relay anycast address"),
@@ -49,8 +49,8 @@ var special = []addrRange{
 	// Test networks, and the "fake IP" range that VPN and proxy clients
 	// answer names with on the local machine.
 	rng("198.18.0.0/15", "benchmarking address"),
-	rng("198.51.100.0/24", ""), // TEST-NET-2, documentation
-	rng("203.0.113.0/24", ""),  // TEST-NET-3, documentation
+	rng("198.51.100.0/24", "documentation address"), // TEST-NET-2
+	rng("203.0.113.0/24", "documentation address"),  // TEST-NET-3
 	rng("224.0.0.0/4", "multicast address"),
 	rng("255.255.255.255/32", "broadcast address"),
 	rng("240.0.0.0/4", "reserved address"),
@@ -65,7 +65,7 @@ var special = []addrRange{
 	rng("64:ff9b:1::/48", "local-use NAT64 address"),
 	rng("100::/64", "discard-only address"),
 	rng("100:0:0:1::/64", "dummy address"),
-	rng("2001:db8::/32", ""),           // documentation
+	rng("2001:db8::/32", "documentation address"),
 	rng("2001:3::/32", ""),             // AMT, globally reachable
 	rng("2001:4:112::/48", ""),         // AS112, globally reachable
 	rng("2001:20::/28", ""),            // ORCHIDv2, globally reachable
@@ -76,7 +76,7 @@ var special = []addrRange{
 	// deprecated ORCHID, unassigned.
 	rng("2001::/23", "IETF protocol assignment address"),
 	rng("2002::/16", "6to4 address"), // tunnels to the IPv4 address it embeds
-	rng("3fff::/20", ""),             // documentation
+	rng("3fff::/20", "documentation address"),
 	rng("5f00::/16", "segment routing address"),
 	rng("fd00:ec2::254/128", "cloud metadata address"),
 	rng("fc00::/7", "private address"),

@@ -27,7 +27,7 @@ func TestNewAccepts(t *testing.T) {
 	good := []string{
 		"example.com", "EXAMPLE.com", "example.com.", "*.example.com", "example.com:443", "*.example.com:8080",
 		"localhost", "localhost:8080", "my_host.internal", "127.0.0.1", "127.0.0.1:8080", "::1", "[::1]",
-		"[::1]:443", "2001:db8::1", "[2001:db8::1]:80", "::ffff:10.0.0.1", "xn--bcher-kva.example",
+		"[::1]:443", "2620:4f:8000::1", "[2620:4f:8000::1]:80", "::ffff:10.0.0.1", "xn--bcher-kva.example",
 	}
 	for _, s := range good {
 		if _, err := New([]string{s}, []string{s}); err != nil {
@@ -73,7 +73,7 @@ func TestCheckName(t *testing.T) {
 		reason          string // substring of Decision.Reason
 	}{
 		{"no lists", nil, nil, "example.com", 443, true, "no allowedDomains list"},
-		{"no lists, IP", nil, nil, "198.51.100.7", 80, true, "no allowedDomains list"},
+		{"no lists, IP", nil, nil, "192.31.196.7", 80, true, "no allowedDomains list"},
 		{"exact", []string{"example.com"}, nil, "example.com", 443, true, `entry "example.com"`},
 		{"exact, any port", []string{"example.com"}, nil, "example.com", 8443, true, `entry "example.com"`},
 		{"case and trailing dot", []string{"Example.COM"}, nil, "EXAMPLE.com.", 443, true, `entry "Example.COM"`},
@@ -95,15 +95,15 @@ func TestCheckName(t *testing.T) {
 		{"denied port", nil, []string{"example.com:80"}, "example.com", 80, false, `denied by deniedDomains entry "example.com:80"`},
 		{"denied other port", nil, []string{"example.com:80"}, "example.com", 443, true, "no allowedDomains list"},
 		{"denied trailing dot", nil, []string{"evil.test"}, "EVIL.test.", 443, false, "denied"},
-		{"IP allowed", []string{"198.51.100.7"}, nil, "198.51.100.7", 443, true, `entry "198.51.100.7"`},
-		{"IP not allowed", []string{"198.51.100.7"}, nil, "198.51.100.8", 443, false, `198.51.100.8 is not in allowedDomains`},
-		{"mapped IP matches IPv4 entry", []string{"198.51.100.7"}, nil, "::ffff:198.51.100.7", 443, true, `entry "198.51.100.7"`},
-		{"mapped IP denied by IPv4 entry", nil, []string{"198.51.100.7"}, "[::ffff:198.51.100.7]", 443, false, "denied"},
-		{"IPv6 with port", []string{"[2001:db8::1]:443"}, nil, "[2001:db8::1]", 443, true, `entry "[2001:db8::1]:443"`},
-		{"IPv6 port mismatch", []string{"[2001:db8::1]:443"}, nil, "2001:db8::1", 80, false, `add "[2001:db8::1]:80"`},
-		{"IPv6 spelled differently", []string{"2001:DB8:0::1"}, nil, "2001:db8::1", 80, true, "allowed"},
-		{"name entry does not match IP", []string{"example.com"}, nil, "198.51.100.7", 443, false, "not in allowedDomains"},
-		{"IP entry does not match name", []string{"198.51.100.7"}, nil, "example.com", 443, false, "not in allowedDomains"},
+		{"IP allowed", []string{"192.31.196.7"}, nil, "192.31.196.7", 443, true, `entry "192.31.196.7"`},
+		{"IP not allowed", []string{"192.31.196.7"}, nil, "192.31.196.8", 443, false, `192.31.196.8 is not in allowedDomains`},
+		{"mapped IP matches IPv4 entry", []string{"192.31.196.7"}, nil, "::ffff:192.31.196.7", 443, true, `entry "192.31.196.7"`},
+		{"mapped IP denied by IPv4 entry", nil, []string{"192.31.196.7"}, "[::ffff:192.31.196.7]", 443, false, "denied"},
+		{"IPv6 with port", []string{"[2620:4f:8000::1]:443"}, nil, "[2620:4f:8000::1]", 443, true, `entry "[2620:4f:8000::1]:443"`},
+		{"IPv6 port mismatch", []string{"[2620:4f:8000::1]:443"}, nil, "2620:4f:8000::1", 80, false, `add "[2620:4f:8000::1]:80"`},
+		{"IPv6 spelled differently", []string{"2620:4F:8000:0::1"}, nil, "2620:4f:8000::1", 80, true, "allowed"},
+		{"name entry does not match IP", []string{"example.com"}, nil, "192.31.196.7", 443, false, "not in allowedDomains"},
+		{"IP entry does not match name", []string{"192.31.196.7"}, nil, "example.com", 443, false, "not in allowedDomains"},
 		{"invalid host", nil, nil, "exa mple.com", 443, false, "invalid host"},
 		{"empty host", nil, nil, "", 443, false, "invalid host"},
 		{"numeric-looking name", nil, nil, "127.1", 443, false, "invalid host"},
@@ -124,16 +124,20 @@ func TestCheckAddrClasses(t *testing.T) {
 		ip    string
 		class string // "" for public
 	}{
-		{"198.51.100.7", ""},
-		{"192.0.2.1", ""},
-		{"203.0.113.5", ""},
+		{"192.31.196.7", ""},
+		{"192.0.2.1", "documentation address"},
+		{"203.0.113.5", "documentation address"},
+		{"198.51.100.7", "documentation address"},
+		{"2001:db8::1", "documentation address"},
+		{"::ffff:198.51.100.7", "documentation address (IPv4-mapped)"},
+		{"64:ff9b::c633:6407", "documentation address (NAT64)"}, // NAT64 of 198.51.100.7
 		{"8.8.8.8", ""},
 		{"172.32.0.1", ""},
 		{"100.128.0.1", ""},
-		{"2001:db8::1", ""},
+		{"2620:4f:8000::1", ""},
 		{"2606:4700::1111", ""},
-		{"::ffff:198.51.100.7", ""},
-		{"64:ff9b::c633:6407", ""}, // NAT64 of 198.51.100.7
+		{"::ffff:192.31.196.7", ""},
+		{"64:ff9b::c01f:c407", ""}, // NAT64 of 192.31.196.7
 		{"127.0.0.1", "loopback address"},
 		{"127.255.255.254", "loopback address"},
 		{"10.1.2.3", "private address"},
@@ -190,7 +194,7 @@ func TestCheckAddr(t *testing.T) {
 		allow           bool
 		reason          string
 	}{
-		{"public", []string{"example.com"}, nil, "example.com", "198.51.100.7", 443, true, "198.51.100.7 is a public address"},
+		{"public", []string{"example.com"}, nil, "example.com", "192.31.196.7", 443, true, "192.31.196.7 is a public address"},
 		{"public name to loopback", []string{"example.com"}, nil, "example.com", "127.0.0.1", 80, false,
 			`example.com:80 (resolved to 127.0.0.1) is a loopback address, which is refused; to allow it, add "example.com:80" to allowedDomains`},
 		{"no lists, name to loopback", nil, nil, "sneaky.test", "127.0.0.1", 80, false, "resolved to 127.0.0.1"},
@@ -212,9 +216,9 @@ func TestCheckAddr(t *testing.T) {
 		{"IPv6 entry other port", []string{"[::1]:443"}, nil, "::1", "::1", 80, false, `add "[::1]:80"`},
 		{"metadata", nil, nil, "metadata.google.internal", "169.254.169.254", 80, false, "cloud metadata address"},
 		{"metadata mapped", nil, nil, "x.test", "::ffff:169.254.169.254", 80, false, "cloud metadata address (IPv4-mapped)"},
-		{"denied IP on resolved address", nil, []string{"198.51.100.9"}, "good.test", "198.51.100.9", 443, false, `denied by deniedDomains entry "198.51.100.9"`},
-		{"denied IP on mapped address", nil, []string{"198.51.100.9"}, "good.test", "::ffff:198.51.100.9", 443, false, "denied"},
-		{"denied IP other port", nil, []string{"198.51.100.9:80"}, "good.test", "198.51.100.9", 443, true, "public"},
+		{"denied IP on resolved address", nil, []string{"192.31.196.9"}, "good.test", "192.31.196.9", 443, false, `denied by deniedDomains entry "192.31.196.9"`},
+		{"denied IP on mapped address", nil, []string{"192.31.196.9"}, "good.test", "::ffff:192.31.196.9", 443, false, "denied"},
+		{"denied IP other port", nil, []string{"192.31.196.9:80"}, "good.test", "192.31.196.9", 443, true, "public"},
 		{"deny wins over explicit allow", []string{"127.0.0.1:8080"}, []string{"127.0.0.1"}, "127.0.0.1", "127.0.0.1", 8080, false, "denied"},
 		{"bad host judged by address", []string{"127.0.0.1:8080"}, nil, "", "127.0.0.1", 8080, true, "allowed"},
 	}
@@ -234,7 +238,7 @@ func TestNilPolicy(t *testing.T) {
 	if d := p.CheckName("example.com", 443); !d.Allow {
 		t.Errorf("nil CheckName = %+v, want allowed", d)
 	}
-	if d := p.CheckAddr("example.com", netip.MustParseAddr("198.51.100.7"), 443); !d.Allow {
+	if d := p.CheckAddr("example.com", netip.MustParseAddr("192.31.196.7"), 443); !d.Allow {
 		t.Errorf("nil CheckAddr(public) = %+v, want allowed", d)
 	}
 	if d := p.CheckAddr("example.com", netip.MustParseAddr("127.0.0.1"), 443); d.Allow {
@@ -310,10 +314,10 @@ func TestClassifyRegistries(t *testing.T) {
 		{"192.0.0.170", "IETF protocol assignment address"}, // NAT64/DNS64 discovery
 		{"192.0.0.255", "IETF protocol assignment address"},
 		{"192.0.1.0", ""},
-		{"192.0.2.1", ""},     // TEST-NET-1: documentation counts as public
-		{"192.31.196.1", ""},  // AS112
-		{"192.52.193.1", ""},  // AMT
-		{"192.88.98.255", ""}, // just below the 6to4 relays
+		{"192.0.2.1", "documentation address"}, // TEST-NET-1
+		{"192.31.196.1", ""},                   // AS112
+		{"192.52.193.1", ""},                   // AMT
+		{"192.88.98.255", ""},                  // just below the 6to4 relays
 		{"192.88.99.1", "6to4 relay anycast address"},
 		{"192.88.100.0", ""},
 		{"192.167.255.255", ""},
@@ -324,8 +328,9 @@ func TestClassifyRegistries(t *testing.T) {
 		{"198.18.0.0", "benchmarking address"},
 		{"198.19.255.255", "benchmarking address"},
 		{"198.20.0.0", ""},
-		{"198.51.100.1", ""},
-		{"203.0.113.1", ""},
+		{"192.31.196.1", ""},
+		{"198.51.100.1", "documentation address"},
+		{"203.0.113.1", "documentation address"},
 		{"223.255.255.255", ""},
 		{"224.0.0.0", "multicast address"},
 		{"239.255.255.255", "multicast address"},
@@ -366,15 +371,15 @@ func TestClassifyRegistries(t *testing.T) {
 		{"2001:30::1", ""},                                 // drone remote ID
 		{"2001:40::1", "IETF protocol assignment address"},
 		{"2001:1ff:ffff::", "IETF protocol assignment address"},
-		{"2001:200::1", ""}, // first address after 2001::/23
-		{"2001:db8::1", ""}, // documentation counts as public
+		{"2001:200::1", ""},     // first address after 2001::/23
+		{"2620:4f:8000::1", ""}, // documentation counts as public
 		{"2002::1", "6to4 address"},
 		{"2002:c0a8:101::1", "6to4 address"}, // 6to4 of 192.168.1.1
 		{"2002:808:808::1", "6to4 address"},  // even with a public IPv4 inside
 		{"2003::1", ""},
 		{"2620:4f:8000::1", ""}, // AS112 direct delegation
-		{"3fff::1", ""},         // documentation counts as public
-		{"3fff:fff::1", ""},
+		{"3fff::1", "documentation address"},
+		{"3fff:fff::1", "documentation address"},
 		{"3fff:1000::1", ""},
 		{"5f00::1", "segment routing address"},
 		{"5eff:ffff::1", "reserved address"},
@@ -416,8 +421,8 @@ func TestHostAddressRefused(t *testing.T) {
 	ipCmd("netns", "add", ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
 	ipCmd("-n", ns, "link", "add", "acveth0", "type", "veth", "peer", "name", "acveth1")
-	ipCmd("-n", ns, "addr", "add", "198.51.100.77/24", "dev", "acveth0")
-	ipCmd("-n", ns, "addr", "add", "2001:db8::77/64", "dev", "acveth0", "nodad")
+	ipCmd("-n", ns, "addr", "add", "192.31.196.77/24", "dev", "acveth0")
+	ipCmd("-n", ns, "addr", "add", "2620:4f:8000::77/64", "dev", "acveth0", "nodad")
 
 	type check struct {
 		allowed []string
@@ -426,14 +431,14 @@ func TestHostAddressRefused(t *testing.T) {
 		reason  string
 	}
 	checks := []check{
-		{nil, "198.51.100.77", false, "198.51.100.77:8080 is an address of this host, which is refused; to allow it, add \"198.51.100.77:8080\""},
-		{nil, "::ffff:198.51.100.77", false, "address of this host"},
-		{nil, "64:ff9b::c633:644d", false, "address of this host"}, // NAT64 of 198.51.100.77
-		{nil, "2001:db8::77", false, "address of this host"},
-		{nil, "198.51.100.78", true, "public"},
-		{nil, "2001:db8::78", true, "public"},
-		{[]string{"198.51.100.77:8080"}, "198.51.100.77", true, "(address of this host) is allowed by allowedDomains entry \"198.51.100.77:8080\""},
-		{[]string{"198.51.100.77:8081"}, "198.51.100.77", false, "address of this host"},
+		{nil, "192.31.196.77", false, "192.31.196.77:8080 is an address of this host, which is refused; to allow it, add \"192.31.196.77:8080\""},
+		{nil, "::ffff:192.31.196.77", false, "address of this host"},
+		{nil, "64:ff9b::c01f:c44d", false, "address of this host"}, // NAT64 of 192.31.196.77
+		{nil, "2620:4f:8000::77", false, "address of this host"},
+		{nil, "192.31.196.78", true, "public"},
+		{nil, "2620:4f:8000::78", true, "public"},
+		{[]string{"192.31.196.77:8080"}, "192.31.196.77", true, "(address of this host) is allowed by allowedDomains entry \"192.31.196.77:8080\""},
+		{[]string{"192.31.196.77:8081"}, "192.31.196.77", false, "address of this host"},
 	}
 	results := make(chan []Decision)
 	go func() {
@@ -476,8 +481,8 @@ func TestHostAddressRefused(t *testing.T) {
 
 	// Outside the namespace the veth's address is nobody's: public.
 	invalidateHostAddrs()
-	if d := (*Policy)(nil).CheckAddr("198.51.100.77", netip.MustParseAddr("198.51.100.77"), 8080); !d.Allow {
-		t.Errorf("198.51.100.77 in the test's own namespace: %+v, want public", d)
+	if d := (*Policy)(nil).CheckAddr("192.31.196.77", netip.MustParseAddr("192.31.196.77"), 8080); !d.Allow {
+		t.Errorf("192.31.196.77 in the test's own namespace: %+v, want public", d)
 	}
 }
 
@@ -507,7 +512,7 @@ func TestHostAddressesUnknown(t *testing.T) {
 		return nil, errors.New("list this host's interface addresses: too many open files")
 	}}
 	t.Cleanup(func() { hostAddrs = saved })
-	d := (*Policy)(nil).CheckAddr("example.com", netip.MustParseAddr("198.51.100.7"), 443)
+	d := (*Policy)(nil).CheckAddr("example.com", netip.MustParseAddr("192.31.196.7"), 443)
 	if d.Allow || !strings.Contains(d.Reason, "too many open files") {
 		t.Errorf("CheckAddr with no interface list = %+v, want refused with the reason", d)
 	}

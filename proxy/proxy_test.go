@@ -32,7 +32,7 @@ const ioTimeout = 10 * time.Second
 // testNet stands for the public internet: tests resolve "public" names into
 // it and the test dialer sends those connections to the same port on
 // 127.0.0.1.
-var testNet = netip.MustParsePrefix("198.51.100.0/24")
+var testNet = netip.MustParsePrefix("192.31.196.0/24")
 
 type fakeResolver struct {
 	records map[string][]netip.Addr
@@ -446,18 +446,18 @@ func TestPublicAddressNeedsNoEntry(t *testing.T) {
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "public") }))
 	defer origin.Close()
 	port := portOf(t, origin.Listener.Addr().String())
-	e := startProxy(t, nil, nil, map[string][]netip.Addr{"public.test": {netip.MustParseAddr("198.51.100.7")}})
+	e := startProxy(t, nil, nil, map[string][]netip.Addr{"public.test": {netip.MustParseAddr("192.31.196.7")}})
 	code, body := get(t, httpClient(t, "http://"+e.addr, nil), fmt.Sprintf("http://public.test:%d/", port))
 	if code != 200 || body != "public" {
 		t.Errorf("GET public.test = %d %q, want 200 %q", code, body, "public")
 	}
-	if d, want := e.Dialed(), fmt.Sprintf("198.51.100.7:%d", port); len(d) != 1 || d[0] != want {
+	if d, want := e.Dialed(), fmt.Sprintf("192.31.196.7:%d", port); len(d) != 1 || d[0] != want {
 		t.Errorf("dialed %q, want [%q]", d, want)
 	}
 }
 
 func TestDeniedName(t *testing.T) {
-	e := startProxy(t, nil, []string{"*.blocked.test"}, map[string][]netip.Addr{"x.blocked.test": {netip.MustParseAddr("198.51.100.9")}})
+	e := startProxy(t, nil, []string{"*.blocked.test"}, map[string][]netip.Addr{"x.blocked.test": {netip.MustParseAddr("192.31.196.9")}})
 	for _, tt := range []struct {
 		name, proto, payload string
 		port                 int
@@ -495,7 +495,7 @@ func TestNameResolvingToLoopback(t *testing.T) {
 	port := portOf(t, origin.Listener.Addr().String())
 	records := map[string][]netip.Addr{
 		"sneaky.test": loopback(),
-		"mixed.test":  {netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("127.0.0.1")},
+		"mixed.test":  {netip.MustParseAddr("192.31.196.7"), netip.MustParseAddr("127.0.0.1")},
 		"mapped.test": {netip.MustParseAddr("::ffff:127.0.0.1")},
 	}
 	tests := []struct {
@@ -645,7 +645,7 @@ func TestSOCKS5(t *testing.T) {
 		"echo.test":      loopback(),
 		"sneaky.test":    loopback(),
 		"down.test":      loopback(),
-		"x.blocked.test": {netip.MustParseAddr("198.51.100.9")},
+		"x.blocked.test": {netip.MustParseAddr("192.31.196.9")},
 	}
 	e := startProxy(t, []string{
 		fmt.Sprintf("echo.test:%d", port), fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("[::1]:%d", port),

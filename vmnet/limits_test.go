@@ -94,7 +94,7 @@ func TestDNSAnswerTTL(t *testing.T) {
 	for i := 1; i <= 40; i++ {
 		many = append(many, netip.AddrFrom4([4]byte{127, 0, 0, byte(i)}))
 	}
-	public := []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+	public := []netip.Addr{netip.MustParseAddr("192.31.196.7")}
 	st := startWithDNS(t, "", map[string][]netip.Addr{
 		"zero.example": public, "mid.example": public, "week.example": public, "many.example": many,
 	}, map[string]uint32{"zero.example": 0, "mid.example": 300, "week.example": 7 * 24 * 3600, "many.example": 120}, nil)
@@ -125,7 +125,7 @@ func TestDNSAnswerTTL(t *testing.T) {
 func TestNameCacheExpires(t *testing.T) {
 	echoAddr, _ := echoTCP(t)
 	dials := &dialRecorder{tcpAddr: echoAddr}
-	st := startWithDNS(t, "mid.example", map[string][]netip.Addr{"mid.example": {netip.MustParseAddr("198.51.100.7")}},
+	st := startWithDNS(t, "mid.example", map[string][]netip.Addr{"mid.example": {netip.MustParseAddr("192.31.196.7")}},
 		map[string]uint32{"mid.example": 300}, dials)
 	var offset time.Duration
 	st.n.names.mu.Lock()
@@ -141,7 +141,7 @@ func TestNameCacheExpires(t *testing.T) {
 		t.Fatalf("mid.example resolved to %v", addrs)
 	}
 	connect := func() error {
-		c, err := st.g.dialTCP("198.51.100.7", 443)
+		c, err := st.g.dialTCP("192.31.196.7", 443)
 		if err == nil {
 			echo(t, c, "hello")
 		}
@@ -156,7 +156,7 @@ func TestNameCacheExpires(t *testing.T) {
 	}
 	advance(time.Second + nameGrace) // past the TTL and the grace
 	wantRefused(t, connect())
-	if v := onlyViolation(t, st.rec); v.Host != "198.51.100.7" || !strings.Contains(v.Reason, "not in allowedDomains") {
+	if v := onlyViolation(t, st.rec); v.Host != "192.31.196.7" || !strings.Contains(v.Reason, "not in allowedDomains") {
 		t.Errorf("violation %+v, want the address judged alone", v)
 	}
 	if addrs, _ := st.g.answerTTLs("mid.example"); len(addrs) != 1 {
@@ -193,7 +193,7 @@ func TestTCPIdleTimeout(t *testing.T) {
 	}
 	defer n.Close()
 	g := newGuest(t, n)
-	c, err := g.dialTCP("198.51.100.7", 443)
+	c, err := g.dialTCP("192.31.196.7", 443)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestUDPFlowsHoldAndFreeSlots(t *testing.T) {
 			}
 			defer n.Close()
 			g := newGuest(t, n)
-			u := g.dialUDP("198.51.100.7", 3478)
+			u := g.dialUDP("192.31.196.7", 3478)
 			defer u.Close()
 			u.SetDeadline(time.Now().Add(10 * time.Second))
 			if _, err := io.WriteString(u, "stun?"); err != nil {
@@ -238,12 +238,12 @@ func TestUDPFlowsHoldAndFreeSlots(t *testing.T) {
 				t.Fatal(err)
 			}
 			if idle == 0 { // the default, 60 s: the flow holds the only slot
-				_, err := g.dialTCP("198.51.100.7", 443)
+				_, err := g.dialTCP("192.31.196.7", 443)
 				wantRefused(t, err)
 				return
 			}
 			for i := 0; ; i++ {
-				c, err := g.dialTCP("198.51.100.7", 443)
+				c, err := g.dialTCP("192.31.196.7", 443)
 				if err == nil {
 					echo(t, c, "after the flow")
 					return

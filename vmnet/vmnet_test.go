@@ -57,12 +57,12 @@ func (r *fakeResolver) wasAsked(host string) bool {
 
 func defaultResolver() *fakeResolver {
 	return &fakeResolver{table: map[string][]netip.Addr{
-		"pub.example":     {netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("2001:db8::7")},
-		"good.example":    {netip.MustParseAddr("198.51.100.7")},
-		"other.example":   {netip.MustParseAddr("203.0.113.9")},
-		"bad.example":     {netip.MustParseAddr("203.0.113.66")},
+		"pub.example":     {netip.MustParseAddr("192.31.196.7"), netip.MustParseAddr("2620:4f:8000::7")},
+		"good.example":    {netip.MustParseAddr("192.31.196.7")},
+		"other.example":   {netip.MustParseAddr("192.175.48.9")},
+		"bad.example":     {netip.MustParseAddr("192.175.48.66")},
 		"private.example": {netip.MustParseAddr("10.0.0.5")},
-		"inside.example":  {netip.MustParseAddr("192.168.127.1"), netip.MustParseAddr("198.51.100.8")},
+		"inside.example":  {netip.MustParseAddr("192.168.127.1"), netip.MustParseAddr("192.31.196.8")},
 	}}
 }
 
@@ -256,12 +256,12 @@ func TestDNS(t *testing.T) {
 	g := st.g
 
 	rcode, addrs := g.resolve("pub.example", dnsmessage.TypeA)
-	if rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("198.51.100.7") {
+	if rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("192.31.196.7") {
 		t.Fatalf("A pub.example: %v %v", rcode, addrs)
 	}
 	// Case and the TCP transport do not matter.
 	rcode, addrs = g.resolveTCP("PUB.example", dnsmessage.TypeA)
-	if rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("198.51.100.7") {
+	if rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("192.31.196.7") {
 		t.Fatalf("A PUB.example over TCP: %v %v", rcode, addrs)
 	}
 	// The VM network is IPv4 only: AAAA has no records.
@@ -276,7 +276,7 @@ func TestDNS(t *testing.T) {
 		t.Fatalf("A missing.example: %v; want NXDOMAIN", rcode)
 	}
 	// Addresses of the VM network itself are left out.
-	if rcode, addrs := g.resolve("inside.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("198.51.100.8") {
+	if rcode, addrs := g.resolve("inside.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("192.31.196.8") {
 		t.Fatalf("A inside.example: %v %v", rcode, addrs)
 	}
 	if rcode, addrs := g.resolve(HostName, dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 || addrs[0] != hostAddr {
@@ -369,11 +369,11 @@ func TestPublicAllowedByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	echo(t, c, "public")
-	if got := dials.asked(); len(got) != 1 || got[0] != "tcp 198.51.100.7:443" {
-		t.Fatalf("dialled %v; want [tcp 198.51.100.7:443]", got)
+	if got := dials.asked(); len(got) != 1 || got[0] != "tcp 192.31.196.7:443" {
+		t.Fatalf("dialled %v; want [tcp 192.31.196.7:443]", got)
 	}
 	// An address no name resolved to is judged as itself: public, allowed.
-	c, err = st.g.dialTCP("203.0.113.200", 80)
+	c, err = st.g.dialTCP("192.175.48.200", 80)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +412,7 @@ func TestAllowlist(t *testing.T) {
 		if rcode, addrs := st.g.resolve("good.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 {
 			t.Fatalf("good.example: %v %v", rcode, addrs)
 		}
-		c, err := st.g.dialTCP("198.51.100.7", 443)
+		c, err := st.g.dialTCP("192.31.196.7", 443)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,9 +429,9 @@ func TestAllowlist(t *testing.T) {
 			t.Fatalf("violation %+v", v)
 		}
 		// An address that no allowed name resolved to is refused.
-		_, err = st.g.dialTCP("203.0.113.9", 443)
+		_, err = st.g.dialTCP("192.175.48.9", 443)
 		wantRefused(t, err)
-		if vs := st.rec.all(); len(vs) != 2 || vs[1].Host != "203.0.113.9" {
+		if vs := st.rec.all(); len(vs) != 2 || vs[1].Host != "192.175.48.9" {
 			t.Fatalf("violations %+v", vs)
 		}
 		if got := dials.asked(); len(got) != 1 {
@@ -445,12 +445,12 @@ func TestAllowlist(t *testing.T) {
 		if rcode, addrs := st.g.resolve("good.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 {
 			t.Fatalf("good.example: %v %v", rcode, addrs)
 		}
-		c, err := st.g.dialTCP("198.51.100.7", 443)
+		c, err := st.g.dialTCP("192.31.196.7", 443)
 		if err != nil {
 			t.Fatal(err)
 		}
 		echo(t, c, "port 443")
-		_, err = st.g.dialTCP("198.51.100.7", 80)
+		_, err = st.g.dialTCP("192.31.196.7", 80)
 		wantRefused(t, err)
 		v := onlyViolation(t, st.rec)
 		if v.Host != "good.example" || v.Port != 80 {
@@ -460,7 +460,7 @@ func TestAllowlist(t *testing.T) {
 
 	t.Run("deny wins", func(t *testing.T) {
 		dials := &dialRecorder{tcpAddr: echoAddr}
-		st := start(t, mustPolicy(t, []string{"*.example"}, []string{"bad.example", "198.51.100.7"}), dials)
+		st := start(t, mustPolicy(t, []string{"*.example"}, []string{"bad.example", "192.31.196.7"}), dials)
 		if rcode, _ := st.g.resolve("bad.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeNameError {
 			t.Fatalf("bad.example: %v; want NXDOMAIN", rcode)
 		}
@@ -468,13 +468,13 @@ func TestAllowlist(t *testing.T) {
 		if rcode, addrs := st.g.resolve("good.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess || len(addrs) != 1 {
 			t.Fatalf("good.example: %v %v", rcode, addrs)
 		}
-		_, err := st.g.dialTCP("198.51.100.7", 443)
+		_, err := st.g.dialTCP("192.31.196.7", 443)
 		wantRefused(t, err)
 		// other.example is allowed.
 		if rcode, _ := st.g.resolve("other.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess {
 			t.Fatal(rcode)
 		}
-		c, err := st.g.dialTCP("203.0.113.9", 443)
+		c, err := st.g.dialTCP("192.175.48.9", 443)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -484,7 +484,7 @@ func TestAllowlist(t *testing.T) {
 			vs[1].Protocol != "tcp" || vs[1].Host != "good.example" || !strings.Contains(vs[1].Reason, "denied") {
 			t.Fatalf("violations %+v", vs)
 		}
-		if got := dials.asked(); len(got) != 1 || got[0] != "tcp 203.0.113.9:443" {
+		if got := dials.asked(); len(got) != 1 || got[0] != "tcp 192.175.48.9:443" {
 			t.Fatalf("dialled %v", got)
 		}
 	})
@@ -536,7 +536,7 @@ func TestUDPInjectedDial(t *testing.T) {
 	if rcode, _ := st.g.resolve("pub.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess {
 		t.Fatal(rcode)
 	}
-	c := st.g.dialUDP("198.51.100.7", 3478)
+	c := st.g.dialUDP("192.31.196.7", 3478)
 	defer c.Close()
 	if _, err := io.WriteString(c, "stun?"); err != nil {
 		t.Fatal(err)
@@ -547,7 +547,7 @@ func TestUDPInjectedDial(t *testing.T) {
 	if err != nil || string(buf[:n]) != "stun?" {
 		t.Fatalf("%q %v", buf[:n], err)
 	}
-	if got := dials.asked(); len(got) != 1 || got[0] != "udp 198.51.100.7:3478" {
+	if got := dials.asked(); len(got) != 1 || got[0] != "udp 192.31.196.7:3478" {
 		t.Fatalf("dialled %v", got)
 	}
 }
@@ -579,17 +579,17 @@ func TestTwoNetworks(t *testing.T) {
 	if rcode, _ := a.g.resolve("good.example", dnsmessage.TypeA); rcode != dnsmessage.RCodeSuccess {
 		t.Fatal(rcode)
 	}
-	c, err := a.g.dialTCP("198.51.100.7", 443)
+	c, err := a.g.dialTCP("192.31.196.7", 443)
 	if err != nil {
 		t.Fatal(err)
 	}
 	echo(t, c, "a")
-	_, err = b.g.dialTCP("198.51.100.7", 443)
+	_, err = b.g.dialTCP("192.31.196.7", 443)
 	wantRefused(t, err)
 	if vs := a.rec.all(); len(vs) != 0 {
 		t.Fatalf("a's violations: %+v", vs)
 	}
-	if v := onlyViolation(t, b.rec); v.Host != "198.51.100.7" {
+	if v := onlyViolation(t, b.rec); v.Host != "192.31.196.7" {
 		t.Fatalf("b's violation %+v", v)
 	}
 	if len(dials1.asked()) != 1 || len(dials2.asked()) != 0 {
@@ -607,16 +607,16 @@ func TestMaxConns(t *testing.T) {
 	}
 	defer n.Close()
 	g := newGuest(t, n)
-	first, err := g.dialTCP("198.51.100.7", 443)
+	first, err := g.dialTCP("192.31.196.7", 443)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.dialTCP("198.51.100.7", 443)
+	_, err = g.dialTCP("192.31.196.7", 443)
 	wantRefused(t, err)
 	echo(t, first, "first")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := g.dialTCP("198.51.100.7", 443)
+		c, err := g.dialTCP("192.31.196.7", 443)
 		if err == nil {
 			echo(t, c, "third")
 			break
@@ -712,7 +712,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	tcpEcho, _ := echoTCP(t)
 	udpEcho, _ := echoUDP(t)
 	run := func() {
-		dials := &dialRecorder{tcpAddr: tcpEcho, udpAddr: udpEcho, block: "tcp 198.51.100.99:1"}
+		dials := &dialRecorder{tcpAddr: tcpEcho, udpAddr: udpEcho, block: "tcp 192.31.196.99:1"}
 		n, err := New(Config{Resolver: defaultResolver(), Dial: dials.dial, Logf: t.Logf})
 		if err != nil {
 			t.Fatal(err)
@@ -722,7 +722,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(rcode)
 		}
 		// Leave a TCP connection, a UDP flow and a DNS TCP connection open.
-		c, err := g.dialTCP("198.51.100.7", 443)
+		c, err := g.dialTCP("192.31.196.7", 443)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -730,7 +730,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		if _, err := io.WriteString(c, "x"); err != nil {
 			t.Fatal(err)
 		}
-		u := g.dialUDP("198.51.100.7", 53)
+		u := g.dialUDP("192.31.196.7", 53)
 		defer u.Close()
 		u.Write([]byte("y"))
 		u.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -746,7 +746,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		pending := make(chan error, 1)
 		go func() {
-			_, err := gonet.DialContextTCP(ctx, g.s, fullAddr("198.51.100.99", 1), ipv4.ProtocolNumber)
+			_, err := gonet.DialContextTCP(ctx, g.s, fullAddr("192.31.196.99", 1), ipv4.ProtocolNumber)
 			pending <- err
 		}()
 		for len(dials.asked()) < 3 {

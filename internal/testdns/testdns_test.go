@@ -90,7 +90,7 @@ func TestNotFound(t *testing.T) {
 func TestStopsAtCleanup(t *testing.T) {
 	var addr string
 	t.Run("serve", func(t *testing.T) {
-		addr = Start(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("198.51.100.1")}})
+		addr = Start(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("192.31.196.1")}})
 	})
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err == nil {
@@ -100,7 +100,7 @@ func TestStopsAtCleanup(t *testing.T) {
 }
 
 func TestIgnoresGarbage(t *testing.T) {
-	addr := Start(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("198.51.100.1")}})
+	addr := Start(t, map[string][]netip.Addr{"a.test": {netip.MustParseAddr("192.31.196.1")}})
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)
