@@ -30,7 +30,7 @@ const (
 	// Bounds on a kept refusal's fields, in bytes: with JSON's escapes an
 	// entry stays under 2 KiB, so violations.json stays under 512 KiB.
 	maxViolationProtocol = 16
-	maxViolationHost     = 1024 // a DNS name is at most 253; a file's path, longer
+	maxViolationHost     = 255 // a DNS name is at most 253; a longer file path is cut
 	maxViolationAddr     = 64
 	maxViolationReason   = 512
 )

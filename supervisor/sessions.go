@@ -503,7 +503,7 @@ func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason stri
 }
 
 // removeRunLeftovers kills and removes a run's cgroup, its socket, a VM's
-// runtime directory and an srt sandbox's placeholders.
+// runtime directory and the placeholders of its boundary.
 func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
 	if len(rec.Spec.Cgroup) > 0 {
 		cg := cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup}
@@ -515,9 +515,11 @@ func (s *Supervisor) removeRunLeftovers(rec *session.Record) {
 	os.Remove(home.ShimSocket(s.socketDir, rec.ID, rec.Run))
 	if vm := rec.Spec.VM; vm != nil && vm.RunDir != "" {
 		os.RemoveAll(vm.RunDir)
-	} else if sb := rec.Spec.Sandbox; sb != nil {
-		// The placeholders of a shim that was killed; a live shim's (and
-		// those of any other sandbox still running) stay.
+	}
+	if sb := rec.Spec.Sandbox; sb != nil {
+		// The placeholders of a shim that was killed (srt's and a VM's
+		// shares' alike); a live shim's, and those of any other boundary
+		// still running, stay.
 		protect.ReleaseDead(protect.LedgerPath(sb.DaemonHome))
 	}
 }
