@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/http"
@@ -48,9 +47,7 @@ func runAs(t testing.TB, uid int, name string, args ...string) {
 // battery is a shell script run inside an srt session. Each line of its
 // output is "held NAME" (an escape attempt failed), "works NAME" (a
 // positive control ran), or ESCAPED/BROKEN when one did the opposite.
-const battery = `
-deny() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "ESCAPED $n"; else echo "held $n"; fi; }
-allow() { n=$1; shift; if "$@" >/dev/null 2>&1; then echo "works $n"; else echo "BROKEN $n"; fi; }
+const battery = batteryFuncs + `
 py() { python3 -c "import ctypes,sys,socket,os; libc=ctypes.CDLL(None, use_errno=True); $1"; }
 # The fds beyond stdio the runtime (this shell) started with, read before it
 # made any redirection of its own (shells keep saved fds at 10 and up).
@@ -148,29 +145,7 @@ func setupBattery(t *testing.T, home string, uid int, strategy, script string) b
 
 func (e batteryEnv) run(t *testing.T) {
 	t.Helper()
-	out := e.exec(t)
-	held, works := 0, 0
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		verdict, name, _ := strings.Cut(sc.Text(), " ")
-		switch verdict {
-		case "held":
-			held++
-		case "works":
-			works++
-		case "ESCAPED":
-			t.Errorf("escape attempt %s succeeded", name)
-		case "BROKEN":
-			t.Errorf("positive control %s failed", name)
-		}
-	}
-	if want := strings.Count(battery, "\ndeny "); held != want {
-		t.Errorf("%d escape attempts held, want %d:\n%s", held, want, out)
-	}
-	if want := strings.Count(battery, "\nallow "); works != want {
-		t.Errorf("%d positive controls worked, want %d:\n%s", works, want, out)
-	}
-	t.Logf("%d escape attempts held, %d positive controls worked", held, works)
+	verdicts(t, battery, e.exec(t))
 	// The placeholders are gone after the run: the repository is as it was.
 	gitOut, err := exec.Command("git", "-c", "safe.directory=*", "-C", e.ws, "status", "--porcelain", "--ignored").CombinedOutput()
 	if err != nil || strings.Contains(string(gitOut), ".mcp.json") || strings.Contains(string(gitOut), ".bashrc") {

@@ -64,26 +64,12 @@ func startWithDNS(t *testing.T, policy string, records map[string][]netip.Addr, 
 		allowed = []string{policy}
 	}
 	st := &setup{rec: &recorder{}, dials: dials}
-	cfg := Config{
+	return st.attach(t, Config{
 		Policy:      mustPolicy(t, allowed, nil),
 		Resolver:    &net.Resolver{PreferGo: true, Dial: testdns.Dialer(testdns.StartTTL(t, records, ttls))},
 		OnViolation: st.rec.add,
 		Logf:        t.Logf,
-	}
-	if dials != nil {
-		cfg.Dial = dials.dial
-	}
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.n = n
-	st.g = newGuest(t, n)
-	t.Cleanup(func() {
-		st.g.close()
-		n.Close()
 	})
-	return st
 }
 
 // TestDNSAnswerTTL: the guest is told the upstream answer's TTL, raised to

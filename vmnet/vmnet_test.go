@@ -193,9 +193,15 @@ type setup struct {
 func start(t *testing.T, policy *netpolicy.Policy, dials *dialRecorder) *setup {
 	t.Helper()
 	st := &setup{res: defaultResolver(), rec: &recorder{}, dials: dials}
-	cfg := Config{Policy: policy, Resolver: st.res, OnViolation: st.rec.add, Logf: t.Logf}
-	if dials != nil {
-		cfg.Dial = dials.dial
+	return st.attach(t, Config{Policy: policy, Resolver: st.res, OnViolation: st.rec.add, Logf: t.Logf})
+}
+
+// attach starts a network with cfg (dialling through st.dials when it is
+// not nil) and a fake guest on it.
+func (st *setup) attach(t *testing.T, cfg Config) *setup {
+	t.Helper()
+	if st.dials != nil {
+		cfg.Dial = st.dials.dial
 	}
 	n, err := New(cfg)
 	if err != nil {

@@ -59,6 +59,20 @@ func prepare(t *testing.T, dir string, home, workspace bool) (*Plan, error) {
 	return Prepare(ledger, []Root{{Host: dir, Dir: openDir(t, dir), Target: dir, Home: home, Workspace: workspace}})
 }
 
+// repoPlan is a workspace holding a repository, protected for a run that
+// the test's cleanup ends.
+func repoPlan(t *testing.T) (string, *Plan) {
+	t.Helper()
+	ws := t.TempDir()
+	git(t, ws, "init", "-q")
+	p, err := prepare(t, ws, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Release)
+	return ws, p
+}
+
 // binds maps each bind's target to whether it is read-only, and lists the
 // targets in order.
 func binds(p *Plan) (map[string]bool, []string) {
@@ -151,13 +165,7 @@ func TestPrepareWorkspace(t *testing.T) {
 }
 
 func TestCommondirPlaceholderKeepsTheRepositoryWorking(t *testing.T) {
-	ws := t.TempDir()
-	git(t, ws, "init", "-q")
-	p, err := prepare(t, ws, false, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Release()
+	ws, _ := repoPlan(t)
 	if b, err := os.ReadFile(filepath.Join(ws, ".git", "commondir")); err != nil || string(b) != ".\n" {
 		t.Fatalf("commondir placeholder = %q, %v; want \".\\n\"", b, err)
 	}
@@ -443,13 +451,7 @@ func runVerify(t *testing.T, p *Plan) string {
 }
 
 func TestVerifyPassesAnIntactBoundary(t *testing.T) {
-	ws := t.TempDir()
-	git(t, ws, "init", "-q")
-	p, err := prepare(t, ws, false, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Release()
+	_, p := repoPlan(t)
 	if msg := runVerify(t, p); msg != "" {
 		t.Errorf("Verify of an intact boundary: %s", msg)
 	}
@@ -479,13 +481,7 @@ func TestVerifyCatchesASwapDuringSetup(t *testing.T) {
 }
 
 func TestAuditReportsWhatARunPlanted(t *testing.T) {
-	ws := t.TempDir()
-	git(t, ws, "init", "-q")
-	p, err := prepare(t, ws, false, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Release()
+	ws, p := repoPlan(t)
 	// During the run: a new repository with a hook, a sample, settings.
 	os.Mkdir(filepath.Join(ws, "new"), 0o755)
 	git(t, filepath.Join(ws, "new"), "init", "-q")
