@@ -1,0 +1,216 @@
+#!/bin/sh
+# Checks what the README promises: that `make test` passes on a fresh Debian
+# 12 machine, as root, with nothing but Go at /usr/local/go. A machine that
+# has been worked on hides what a fresh one lacks (a Recommends, a tool, a
+# user, a locale), so this makes a fresh one:
+#
+#  1. debootstrap bookworm --variant=minbase from this machine's Debian mirror
+#     (scripts/debian-mirrors.sh) into bin/fresh-machine/root.XXXXXX, with the
+#     apt sources an installer writes, this machine's resolver, and Go copied
+#     from /usr/local/go: nothing else, not even make or git;
+#  2. clones this checkout's HEAD into it as /root/agentconnect (uncommitted
+#     changes stay out) and copies ../shared beside it (the tests read it);
+#  3. runs the README's steps in it as root: `apt-get update && apt-get install
+#     -y make git`, then `make test`, with a clean environment (no GOPATH,
+#     GOCACHE, GOFLAGS or go env file of this machine's). The one addition is
+#     GOFLAGS=-v, so that the report can list the tests that skipped;
+#  4. reports pass or fail, the failed and skipped tests, what was left
+#     running, mounted or in the cgroup tree, and the time taken; the log stays
+#     in bin/fresh-machine/.
+#
+# The machine runs in its own mount and pid namespaces with the root pivoted
+# (not a chroot: bwrap and the tests need a real root), with a new /proc, the
+# host's /sys (cgroups writable) and /dev (/dev/kvm, /dev/net/tun, /dev/pts,
+# /dev/shm), a tmpfs on /run, and the host's network. The kernel, cgroup
+# layout and network are this machine's: the check is about what is installed
+# and configured, not about a different kernel. When the run ends the
+# namespaces end with it: every process it started is killed and every mount
+# it made is gone (checked with findmnt before anything is deleted).
+#
+# Usage: scripts/fresh-machine-test.sh [--keep] [--cached-base]   (as root)
+#   --keep         leave the machine's root directory after the run
+#   --cached-base  copy a pristine debootstrap kept in bin/fresh-machine/base
+#                  (made on first use) instead of making a new one
+set -eu
+
+SUITE=bookworm
+
+say() { echo "fresh-machine: $*" >&2; }
+die() { say "$*"; exit 1; }
+usage() { echo "usage: $0 [--keep] [--cached-base]" >&2; exit 2; }
+
+keep=0 cached=0
+for a; do
+	case $a in
+	--keep) keep=1 ;;
+	--cached-base) cached=1 ;;
+	*) usage ;;
+	esac
+done
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, mounts and namespaces need it): sudo make fresh-test"
+cd "$(dirname "$0")/.."
+repo=$PWD
+[ -x /usr/local/go/bin/go ] || die "no Go at /usr/local/go (the fresh machine gets a copy of it)"
+shared=$(realpath -m "$repo/../shared")
+[ -d "$shared" ] || die "no $shared (the tests read ../shared/seeds): put the shared directory beside the checkout"
+head=$(git rev-parse HEAD) || die "$repo is not a git checkout (the fresh machine gets a clone of HEAD)"
+[ -z "$(git status --porcelain --untracked-files=no)" ] || say "uncommitted changes are not tested: only HEAD ($head) is"
+
+missing=""
+for p in debootstrap debian-archive-keyring gpgv wget util-linux mount; do
+	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$st" = installed ] || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	say "installing$missing"
+	apt-get update -q >/dev/null
+	# shellcheck disable=SC2086
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >/dev/null
+fi
+PATH=$PATH:/usr/sbin:/sbin
+
+. ./scripts/debian-mirrors.sh
+debian_mirrors "$SUITE"
+
+work=$repo/bin/fresh-machine
+mkdir -p "$work"
+root=$(mktemp -d "$work/root.XXXXXX")
+chmod 0755 "$root" # a system's root: everyone may traverse it
+log=$root.log
+: >"$log"
+cgbefore=$root.cgroups
+find /sys/fs/cgroup -mindepth 1 -type d 2>/dev/null | sort >"$cgbefore" || true
+
+# Nothing is mounted on the host side: debootstrap and the run each have their
+# own mount namespace. Still, nothing under the root is deleted while findmnt
+# shows a mount there, and rm stays on the root's file system.
+mounted() { findmnt -rn -o TARGET | awk -v r="$root" 'index($0, r "/") == 1 || $0 == r'; }
+cleanup() {
+	rc=$?
+	trap - EXIT INT TERM
+	m=$(mounted)
+	if [ -n "$m" ]; then
+		say "left mounted (not deleting $root):"
+		echo "$m" >&2
+		rc=1
+	elif [ "$keep" -eq 1 ]; then
+		say "kept $root"
+	else
+		rm -rf --one-file-system "$root"
+	fi
+	rm -f "$cgbefore"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start=$(date +%s)
+elapsed() { echo "$(($(date +%s) - start)) s"; }
+
+# --- 1. The machine: Debian minbase, the installer's apt sources, Go.
+bootstrap() { # DIR
+	say "debootstrap $SUITE --variant=minbase from $mirror into $1"
+	unshare --mount --propagation private debootstrap --variant=minbase "$SUITE" "$1" "$mirror" >>"$log" 2>&1 ||
+		die "debootstrap failed: see $log"
+}
+if [ "$cached" -eq 1 ]; then
+	base=$work/base
+	if [ "$(cat "$base.stamp" 2>/dev/null || true)" != "$SUITE $mirror" ]; then
+		rm -rf --one-file-system "$base" "$base.stamp" "$base.new"
+		bootstrap "$base.new"
+		mv "$base.new" "$base"
+		echo "$SUITE $mirror" >"$base.stamp"
+	fi
+	say "copying the pristine debootstrap in $base"
+	cp -a "$base/." "$root/"
+else
+	bootstrap "$root"
+fi
+cat >"$root/etc/apt/sources.list" <<EOF
+deb $mirror $SUITE main
+deb $mirror $SUITE-updates main
+deb $secmirror $SUITE-security main
+EOF
+cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" >"$root/etc/hosts"
+cp -a /usr/local/go "$root/usr/local/go"
+
+# --- 2. The project: HEAD, and ../shared beside it.
+git clone -q --no-hardlinks "$repo" "$root/root/agentconnect"
+git -C "$root/root/agentconnect" checkout -q "$head"
+cp -a "$shared" "$root/root/shared"
+say "machine ready ($(elapsed)): $(du -sh "$root" | cut -f1), project at $head"
+
+# --- 3. The README's steps, as root, in the machine. Its PID 1 is the shell
+# below: it reaps orphans while it waits (as init would), lists what is still
+# running when make is done, and when it exits the kernel kills the rest.
+# shellcheck disable=SC2016 # expanded inside the machine
+inner='
+cd /root/agentconnect
+echo "fresh-machine: \$ apt-get update && apt-get install -y make git"
+apt-get update -q && apt-get install -y -q make git </dev/null || exit 100
+echo "fresh-machine: \$ make test"
+make test </dev/null
+rc=$?
+left=0
+for p in /proc/[0-9]*; do
+	pid=${p#/proc/}
+	[ "$pid" -ne 1 ] || continue
+	[ -r "$p/cmdline" ] || continue
+	echo "fresh-machine: left running: $pid $(tr "\0" " " <"$p/cmdline")"
+	left=1
+done
+[ "$rc" -ne 0 ] || [ "$left" -eq 0 ] || rc=101
+exit "$rc"
+'
+# shellcheck disable=SC2016 # expanded in the new namespaces
+setup='
+set -e
+root=$1
+mount --rbind "$root" "$root"
+mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
+mount --rbind /sys "$root/sys"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs "$root/run"
+mkdir -m 1777 "$root/run/lock"
+cd "$root"
+pivot_root . mnt
+cd /
+umount -l /mnt
+exec /usr/bin/env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/bash TERM=dumb \
+	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin GOFLAGS=-v \
+	/bin/sh -c "$2"
+'
+say "running the README's steps in the machine (log: $log)"
+tstart=$(date +%s)
+set +e
+unshare --mount --propagation private --pid --fork --kill-child sh -c "$setup" sh "$root" "$inner" >>"$log" 2>&1 </dev/null
+rc=$?
+set -e
+say "the run took $(($(date +%s) - tstart)) s"
+
+# --- 4. The report.
+grep '^fresh-machine: left running' "$log" >&2 || true
+grep -E '^(--- FAIL|FAIL|panic:)' "$log" >&2 || true
+skips=$(awk '/^ *--- SKIP/ { s = $0; getline r; print s; print r }' "$log")
+if [ -n "$skips" ]; then
+	say "skipped tests:"
+	echo "$skips" >&2
+fi
+find /sys/fs/cgroup -mindepth 1 -type d 2>/dev/null | sort | comm -13 "$cgbefore" - >"$root.cgnew" || true
+if [ -s "$root.cgnew" ]; then
+	say "cgroups that appeared during the run and are still there (another user's, or left by a test):"
+	cat "$root.cgnew" >&2
+fi
+rm -f "$root.cgnew"
+case $rc in
+0) say "PASS: make test on a fresh Debian $SUITE machine ($(elapsed) in all)" ;;
+100) say "FAIL: apt-get install make git failed: see $log" ;;
+101) say "FAIL: make test passed but left processes running (above); see $log" ;;
+*)
+	tail -n 40 "$log" >&2
+	say "FAIL: make test exited $rc ($(elapsed) in all): see $log"
+	;;
+esac
+exit "$rc"
