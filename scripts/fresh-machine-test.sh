@@ -6,8 +6,9 @@
 #
 #  1. debootstrap bookworm --variant=minbase from this machine's Debian mirror
 #     (scripts/debian-mirrors.sh) into bin/fresh-machine/root.XXXXXX, with the
-#     apt sources an installer writes, this machine's resolver, and Go copied
-#     from /usr/local/go: nothing else, not even make or git;
+#     apt sources an installer writes, this machine's resolver, the local CA
+#     certificates its network needs (see below) and Go copied from
+#     /usr/local/go: nothing else, not even make or git;
 #  2. clones this checkout's HEAD into it as /root/agentconnect (uncommitted
 #     changes stay out) and copies ../shared beside it (the tests read it);
 #  3. runs the README's steps in it as root: `apt-get update && apt-get install
@@ -16,20 +17,26 @@
 #     GOFLAGS=-v, so that the report can list the tests that skipped;
 #  4. reports pass or fail, the failed and skipped tests, what was left
 #     running, mounted or in the cgroup tree, and the time taken; the log stays
-#     in bin/fresh-machine/.
+#     in bin/fresh-machine/ (the machines themselves in bin/fresh-machine/_*:
+#     the underscore keeps them out of the go tool's ./...).
 #
 # The machine runs in its own mount and pid namespaces with the root pivoted
 # (not a chroot: bwrap and the tests need a real root), with a new /proc, the
 # host's /sys (cgroups writable) and /dev (/dev/kvm, /dev/net/tun, /dev/pts,
 # /dev/shm), a tmpfs on /run, and the host's network. The kernel, cgroup
 # layout and network are this machine's: the check is about what is installed
-# and configured, not about a different kernel. When the run ends the
+# and configured, not about a different kernel. A network that intercepts TLS
+# needs its CA on every machine on it: this machine's local CAs (those in
+# /usr/local/share/ca-certificates, and certificates that update-ca-certificates
+# did not link in from /usr/share/ca-certificates) go to the fresh machine's
+# /usr/local/share/ca-certificates, where its ca-certificates package, once
+# installed, finds them, as an administrator would have put them there. When the run ends the
 # namespaces end with it: every process it started is killed and every mount
 # it made is gone (checked with findmnt before anything is deleted).
 #
 # Usage: scripts/fresh-machine-test.sh [--keep] [--cached-base]   (as root)
 #   --keep         leave the machine's root directory after the run
-#   --cached-base  copy a pristine debootstrap kept in bin/fresh-machine/base
+#   --cached-base  copy a pristine debootstrap kept in bin/fresh-machine/_base
 #                  (made on first use) instead of making a new one
 set -eu
 
@@ -75,7 +82,7 @@ debian_mirrors "$SUITE"
 
 work=$repo/bin/fresh-machine
 mkdir -p "$work"
-root=$(mktemp -d "$work/root.XXXXXX")
+root=$(mktemp -d "$work/_root.XXXXXX")
 chmod 0755 "$root" # a system's root: everyone may traverse it
 log=$root.log
 : >"$log"
@@ -115,7 +122,7 @@ bootstrap() { # DIR
 		die "debootstrap failed: see $log"
 }
 if [ "$cached" -eq 1 ]; then
-	base=$work/base
+	base=$work/_base
 	if [ "$(cat "$base.stamp" 2>/dev/null || true)" != "$SUITE $mirror" ]; then
 		rm -rf --one-file-system "$base" "$base.stamp" "$base.new"
 		bootstrap "$base.new"
@@ -133,6 +140,13 @@ deb $mirror $SUITE-updates main
 deb $secmirror $SUITE-security main
 EOF
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+cas=$root/usr/local/share/ca-certificates/this-network
+for c in $(find /usr/local/share/ca-certificates -name '*.crt' 2>/dev/null) $(find /etc/ssl/certs -maxdepth 1 -type f -name '*.pem' ! -name ssl-cert-snakeoil.pem); do
+	mkdir -p "$cas"
+	n=$(basename "$c")
+	cp "$c" "$cas/${n%.*}.crt"
+	say "trusting this machine's local CA $c (for its network)"
+done
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" >"$root/etc/hosts"
 cp -a /usr/local/go "$root/usr/local/go"
 
