@@ -173,6 +173,9 @@ func (d *daemon) start() {
 		d.t.Fatal(err)
 	}
 	d.log = log
+	if d.bin == "" && d.cred != nil {
+		d.bin = reachableCopy(d.t)
+	}
 	bin := d.bin
 	if bin == "" {
 		bin = agentconnect()
@@ -189,6 +192,31 @@ func (d *daemon) start() {
 		d.t.Fatal(err)
 	}
 	d.waitReady()
+}
+
+// reachableCopy copies agentconnect and agentconnect-shim into a directory
+// every user can reach and returns the copy of agentconnect, for a daemon run
+// as another user: binDir may be where only root can go (a checkout in /root).
+func reachableCopy(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agentconnect-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"agentconnect", "agentconnect-shim"} {
+		b, err := os.ReadFile(filepath.Join(binDir, name))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name), b, 0o755)
+		}
+		if err != nil {
+			t.Fatalf("copy %s for another user: %v", name, err)
+		}
+	}
+	return filepath.Join(dir, "agentconnect")
 }
 
 // waitReady waits until status answers, or fails with the daemon's log.
