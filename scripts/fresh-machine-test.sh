@@ -104,6 +104,7 @@ main() {
 
 # cleanup runs on every exit: the run's namespaces are gone by then (unshare
 # --kill-child), so only cgroups and the directory are left to remove.
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
 	rc=$?
 	trap - EXIT INT TERM
@@ -215,7 +216,7 @@ cg_leave() {
 		i=0
 		while ! find "$d" -depth -type d -exec rmdir {} + 2>/dev/null; do
 			i=$((i + 1))
-			[ "$i" -lt 50 ] || { say "cannot remove cgroup $d: $(cat "$d/cgroup.procs" | tr '\n' ' ')"; ok=1; break; }
+			[ "$i" -lt 50 ] || { say "cannot remove cgroup $d: $(tr '\n' ' ' <"$d/cgroup.procs")"; ok=1; break; }
 			sleep 0.2
 		done
 	done
