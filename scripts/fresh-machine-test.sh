@@ -115,8 +115,9 @@ cleanup() {
 		echo "$m" >&2
 		rc=1
 	elif [ "$keep" -eq 1 ]; then
-		say "kept $root"
+		say "nothing left mounted under $root (findmnt); kept it"
 	else
+		say "nothing left mounted under $root (findmnt); removing it"
 		rm -rf --one-file-system "$root"
 	fi
 	exit "$rc"
@@ -163,7 +164,8 @@ make_machine() {
 		cp "$c" "$cas/${n%.*}.crt"
 		say "trusting this machine's local CA $c (for its network)"
 	done
-	cp -a /usr/local/go "$root/usr/local/go"
+	mkdir -p "$root/usr/local/go"
+	cp -a /usr/local/go/. "$root/usr/local/go/" # /. : a symlinked Go is copied too
 
 	# The project: HEAD, and ../shared beside it.
 	git clone -q --no-hardlinks "$repo" "$root/root/agentconnect"
