@@ -93,8 +93,9 @@ main() {
 	log=$root.log
 	: >"$log"
 	cgdirs=""
+	child=""
 	trap cleanup EXIT
-	trap 'exit 130' INT TERM
+	trap 'stop_child; exit 130' INT TERM
 
 	start=$(date +%s)
 	make_machine
@@ -125,11 +126,34 @@ cleanup() {
 
 elapsed() { echo "$(($(date +%s) - start)) s"; }
 
+# waitfor runs a command in the background and waits for it, so that a
+# signal to this script is handled at once (stop_child kills the command)
+# rather than once the command is done. The commands are unshare --fork
+# --kill-child: killing one ends its pid namespace and all that is in it.
+waitfor() {
+	"$@" &
+	child=$!
+	wait "$child"
+	_rc=$?
+	child=""
+	return "$_rc"
+}
+
+# shellcheck disable=SC2317 # called by the INT and TERM traps
+stop_child() {
+	[ -n "$child" ] || return 0
+	kill -KILL "$child" 2>/dev/null
+	wait "$child" 2>/dev/null
+	child=""
+}
+
 # --- 1. The machine: Debian minbase, the installer's apt sources, Go.
-bootstrap() { # DIR; in a mount namespace of its own, so that nothing it
-	# mounts in the target can stay mounted on this machine
+bootstrap() { # DIR; in mount and pid namespaces of its own, so that
+	# nothing it mounts in the target stays mounted on this machine and
+	# nothing it starts outlives it
 	say "debootstrap $SUITE --variant=minbase from $mirror into $1"
-	unshare --mount --propagation private debootstrap --variant=minbase "$SUITE" "$1" "$mirror" >>"$log" 2>&1 ||
+	waitfor unshare --mount --propagation private --pid --fork --kill-child \
+		debootstrap --variant=minbase "$SUITE" "$1" "$mirror" >>"$log" 2>&1 ||
 		die "debootstrap failed: see $log"
 }
 
@@ -272,7 +296,7 @@ run_machine() {
 	say "running the README's steps in the machine (log: $log)"
 	tstart=$(date +%s)
 	set +e
-	unshare --mount --propagation private --pid --fork --kill-child sh -c "$setup" sh "$root" "$inner" >>"$log" 2>&1 </dev/null
+	waitfor unshare --mount --propagation private --pid --fork --kill-child sh -c "$setup" sh "$root" "$inner" >>"$log" 2>&1
 	rc=$?
 	set -e
 	say "the run took $(($(date +%s) - tstart)) s"
