@@ -40,7 +40,7 @@ test: deps build image lint
 	CGO_ENABLED=1 AGENTCONNECT_BIN=$(CURDIR)/bin go test -race -count=1 -timeout 18m ./...
 
 # `make test` on a fresh Debian 12 machine made with debootstrap (as root;
-# about 15 minutes): what the README promises, checked. FRESH_TEST_FLAGS:
+# about 10 minutes): what the README promises, checked. FRESH_TEST_FLAGS:
 # --keep, --cached-base (see the script).
 fresh-test:
 	./scripts/fresh-machine-test.sh $(FRESH_TEST_FLAGS)
