@@ -12,7 +12,7 @@ LDFLAGS := -X github.com/agentconnect-md/agentconnect/version.Version=$(VERSION)
 PREFIX ?= /usr/local
 BINARIES := bin/agentconnect bin/agentconnect-shim
 
-.PHONY: all build deps proto image test unit integration lint demo bench install clean
+.PHONY: all build deps proto image test fresh-test unit integration lint demo bench install clean
 
 all: build
 
@@ -38,6 +38,12 @@ proto: deps
 # message elsewhere.
 test: deps build image lint
 	CGO_ENABLED=1 AGENTCONNECT_BIN=$(CURDIR)/bin go test -race -count=1 -timeout 18m ./...
+
+# `make test` on a fresh Debian 12 machine made with debootstrap (as root;
+# about 10 minutes): what the README promises, checked. FRESH_TEST_FLAGS:
+# --keep, --cached-base (see the script).
+fresh-test:
+	./scripts/fresh-machine-test.sh $(FRESH_TEST_FLAGS)
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

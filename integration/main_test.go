@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -45,6 +46,9 @@ func TestMain(m *testing.M) {
 	binDir = dir
 	code := m.Run()
 	cleanup()
+	if reachable.dir != "" {
+		os.RemoveAll(reachable.dir)
+	}
 	os.Exit(code)
 }
 
@@ -69,6 +73,54 @@ func binaries() (string, func(), error) {
 }
 
 func agentconnect() string { return filepath.Join(binDir, "agentconnect") }
+
+// reachable is a copy of agentconnect and agentconnect-shim that every user
+// can run, made on first use by agentconnectFor and removed by TestMain.
+var reachable struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// agentconnectFor is the agentconnect binary to run as cred: agentconnect(),
+// or for another user a copy beside a copy of the shim in a directory every
+// user can reach, since binDir may be where only root can go (a checkout in
+// /root).
+func agentconnectFor(t testing.TB, cred *syscall.Credential) string {
+	t.Helper()
+	if cred == nil || cred.Uid == 0 {
+		return agentconnect()
+	}
+	reachable.once.Do(func() { reachable.dir, reachable.err = copyBinaries(binDir) })
+	if reachable.err != nil {
+		t.Fatalf("copy the binaries for uid %d: %v", cred.Uid, reachable.err)
+	}
+	return filepath.Join(reachable.dir, "agentconnect")
+}
+
+// copyBinaries copies agentconnect and agentconnect-shim from dir into a new
+// world-readable directory.
+func copyBinaries(dir string) (string, error) {
+	to, err := os.MkdirTemp("", "agentconnect-bin-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(to, 0o755); err != nil {
+		os.RemoveAll(to)
+		return "", err
+	}
+	for _, name := range []string{"agentconnect", "agentconnect-shim"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(to, name), b, 0o755)
+		}
+		if err != nil {
+			os.RemoveAll(to)
+			return "", err
+		}
+	}
+	return to, nil
+}
 
 // result is one CLI run.
 type result struct {
@@ -175,7 +227,7 @@ func (d *daemon) start() {
 	d.log = log
 	bin := d.bin
 	if bin == "" {
-		bin = agentconnect()
+		bin = agentconnectFor(d.t, d.cred)
 	}
 	d.cmd = exec.Command(bin, append([]string{"--home", d.home, "run"}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = log, log

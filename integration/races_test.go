@@ -138,7 +138,7 @@ func TestAgentRemoveRacesStart(t *testing.T) {
 // cliAs runs the CLI against the socket as another user.
 func cliAs(t *testing.T, cred *syscall.Credential, socket string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(agentconnect(), append([]string{"--socket", socket}, args...)...)
+	cmd := exec.Command(agentconnectFor(t, cred), append([]string{"--socket", socket}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

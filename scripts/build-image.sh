@@ -69,12 +69,11 @@ if [ -n "$missing" ]; then
 fi
 PATH=$PATH:/usr/sbin:/sbin
 
-# The machine's Debian mirrors (deb822 sources), else deb.debian.org.
-sources=/etc/apt/sources.list.d/debian.sources
-mirror=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$sources" 2>/dev/null || true)
-secmirror=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i ~ /security/) { print $i; exit } }' "$sources" 2>/dev/null || true)
-mirror=${mirror:-http://deb.debian.org/debian}
-secmirror=${secmirror:-http://deb.debian.org/debian-security}
+# The machine's Debian mirrors, from its apt sources in either format (a
+# fresh install from the installer has a one-line sources.list, a cloud image
+# deb822 .sources), else deb.debian.org.
+. ./scripts/debian-mirrors.sh
+debian_mirrors "$SUITE"
 
 cache=$(realpath -m "${AGENTCONNECT_IMAGE_CACHE:-bin/cache/image}")
 mkdir -p "$cache/debs" "$out"

@@ -14,7 +14,7 @@ PACKAGES="
 	make ca-certificates git
 	gcc libc6-dev
 	protobuf-compiler libprotobuf-dev
-	systemd util-linux coreutils tar
+	systemd procps util-linux coreutils tar
 	bubblewrap
 	iproute2 curl python3 nodejs
 	qemu-system-x86 e2fsprogs busybox-static
@@ -25,8 +25,10 @@ PACKAGES="
 #   gcc, libc6-dev: go test -race needs cgo
 #   protobuf-compiler, libprotobuf-dev (google/protobuf/*.proto): make proto
 #     and the test that the generated code is current
-#   systemd (systemd-analyze, systemd-socket-activate), util-linux (setpriv,
-#     unshare), coreutils, tar: the systemd and integration tests
+#   systemd (systemd-analyze, systemd-socket-activate), procps (/bin/kill,
+#     the units' ExecReload, which systemd-analyze verify requires to exist),
+#     util-linux (setpriv, unshare), coreutils, tar: the systemd and
+#     integration tests
 #   bubblewrap: srt, and the confinement of QEMU and virtiofsd
 #   iproute2 (test network namespaces), curl, python3, nodejs: what the tests
 #     run inside sandboxes and VMs
