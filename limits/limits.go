@@ -37,8 +37,10 @@ type Support struct {
 type Manager struct {
 	mode   cgroups.CGMode
 	parent string // below the daemon's own cgroup (v1), or a v2 group path
-	// parentDirs are the parent's directories, one per hierarchy.
+	// parentDirs are the parent's directories, one per hierarchy, and
+	// levels how many of their path's last levels Setup's name made.
 	parentDirs []string
+	levels     int
 }
 
 const unifiedMount = "/sys/fs/cgroup"
@@ -50,7 +52,7 @@ const unifiedMount = "/sys/fs/cgroup"
 // hold processes or give controllers to children, not both.
 func Setup(name string) (*Manager, Support) {
 	mode := cgroups.Mode()
-	m := &Manager{mode: mode}
+	m := &Manager{mode: mode, levels: strings.Count(filepath.Clean(name), "/") + 1}
 	var sup Support
 	switch mode {
 	case cgroups.Legacy:
@@ -105,7 +107,13 @@ var errBusy = errors.New("the daemon's cgroup holds processes")
 // in it (a stopped daemon whose sessions go on keeps it).
 func (m *Manager) Close() {
 	for _, d := range m.parentDirs {
-		os.Remove(d) // fails while a session's cgroup is inside
+		// Up through the levels the name made (agentconnect/<home>): the
+		// shared agentconnect level goes with the last daemon's. A removal
+		// fails, harmlessly, while a session's cgroup or another daemon's
+		// is inside.
+		for i := 0; i < m.levels && os.Remove(d) == nil; i++ {
+			d = filepath.Dir(d)
+		}
 	}
 }
 

@@ -89,3 +89,31 @@ func TestSetupUnprivileged(t *testing.T) {
 		t.Errorf("reason %q does not say how to get cgroups", sup.Reason)
 	}
 }
+
+// Close takes away every level of the daemon's parent cgroup that Setup's
+// name made, the shared top one included, once nothing is inside.
+func TestCloseRemovesEveryLevelOfTheParent(t *testing.T) {
+	testutil.RequiresRoot(t)
+	top := "agentconnect-test-close-" + strconv.Itoa(os.Getpid())
+	m, sup := Setup(top + "/home1")
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	if len(m.parentDirs) == 0 {
+		t.Fatal("no parent cgroup directories")
+	}
+	var tops []string
+	for _, d := range m.parentDirs {
+		if filepath.Base(filepath.Dir(d)) != top {
+			t.Fatalf("parent %s is not under %s", d, top)
+		}
+		tops = append(tops, filepath.Dir(d))
+	}
+	m.Close()
+	for _, d := range append(m.parentDirs, tops...) {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s is left after Close: %v", d, err)
+			os.Remove(d) // inner levels first, so the test leaves nothing either
+		}
+	}
+}
