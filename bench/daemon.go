@@ -51,9 +51,8 @@ type daemon struct {
 	srtBaseline map[string]string
 
 	// vmUnavailable says why the microsandbox measurements cannot run, or
-	// is "". vmAgentDirs maps each microsandbox agent to its directory.
+	// is "".
 	vmUnavailable string
-	vmAgentDirs   map[string]string
 }
 
 func (d *daemon) path(name string) string { return filepath.Join(d.bin, name) }

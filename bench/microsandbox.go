@@ -59,13 +59,10 @@ func (d *daemon) createVMAgents(ctx context.Context, c counts) string {
 		agents = append(agents, &adminv1.Agent{Name: vmMemAgent(mib), Strategy: "microsandbox", Command: sleepCommand,
 			Resources: &adminv1.Resources{MemoryMib: uint32(mib)}})
 	}
-	d.vmAgentDirs = map[string]string{}
 	for _, agent := range agents {
-		created, err := a.CreateAgent(ctx, &adminv1.CreateAgentRequest{Agent: agent})
-		if err != nil {
+		if _, err := a.CreateAgent(ctx, &adminv1.CreateAgentRequest{Agent: agent}); err != nil {
 			return "create the microsandbox agent " + agent.Name + ": " + err.Error()
 		}
-		d.vmAgentDirs[agent.Name] = created.Dir
 	}
 	return ""
 }
@@ -237,8 +234,8 @@ type vmMemory struct {
 }
 
 // vmMemoryOnce starts a session of the memoryMiB agent, lets it idle and
-// reads its processes' memory: QEMU by its VM directory, virtiofsd by the
-// agent's directory in its source, the shim by the session's shim pid.
+// reads its processes' memory: QEMU by its VM directory, virtiofsd by its
+// socket, the bwraps around them by either, the shim by the session's pid.
 func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory, err error) {
 	agent := vmMemAgent(mib)
 	s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: agent})
@@ -264,7 +261,13 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 		return u, fmt.Errorf("session %s: state %q, shim pid %d (%s); want a running session with a shim", s.Id, s.State, s.ShimPid, s.Reason)
 	}
 	vmDir := filepath.Join(home.Layout{Root: d.home}.VMsDir(), s.Id) + "/"
-	source := "source=" + d.vmAgentDirs[agent] + "/"
+	// virtiofsd serves a share bound into its own view: it is found by its
+	// socket, in the run's socket directory (one VM runs at a time here).
+	runDirs, _ := filepath.Glob(filepath.Join(home.Layout{Root: d.home}.FindSocketDir(), "*.vm"))
+	if len(runDirs) != 1 {
+		return u, fmt.Errorf("session %s: %d VM socket directories, want 1", s.Id, len(runDirs))
+	}
+	source := "--socket-path=" + runDirs[0] + "/fs"
 	var qemus []*leftovers.Proc
 	for _, p := range leftovers.ReadProcs() {
 		if p.Dead() {
@@ -280,7 +283,7 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 		case isVirtiofsd(p) && strings.Contains(p.Cmdline, source):
 			into = &u.virtiofsd
 			u.nVirtiofsd++
-		case p.Name() == "bwrap" && strings.Contains(p.Cmdline, vmDir):
+		case p.Name() == "bwrap" && (strings.Contains(p.Cmdline, vmDir) || strings.Contains(p.Cmdline, runDirs[0]+" ")):
 			into = &u.bwrap
 		default:
 			continue

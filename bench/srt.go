@@ -53,7 +53,7 @@ func (d *daemon) createSrtAgent(ctx context.Context) string {
 	// What the agent's directory holds before any session: what a run
 	// leaves there (placeholders of protected names) is the difference.
 	d.srtAgentDir = agent.Dir
-	d.srtBaseline = leftovers.ListTree(agent.Dir)
+	d.srtBaseline = leftovers.AgentTree(agent.Dir)
 	return ""
 }
 

@@ -292,7 +292,7 @@ func leftBehind(d *daemon, roots []string, ids map[string]bool) []string {
 	if mounts := leftovers.MountsUnder(d.home); len(mounts) > 0 {
 		left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), leftovers.Brief(mounts, 2)))
 	}
-	if paths := leftovers.NewPaths(d.srtBaseline, leftovers.ListTree(d.srtAgentDir)); len(paths) > 0 {
+	if paths := leftovers.NewPaths(d.srtBaseline, leftovers.AgentTree(d.srtAgentDir)); len(paths) > 0 {
 		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory %s: %s", len(paths), d.srtAgentDir, leftovers.Brief(paths, 8)))
 	}
 	return left

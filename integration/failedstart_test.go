@@ -38,7 +38,7 @@ func recordBeforeStart(t *testing.T, h string, d *daemon, agentName string) befo
 	return beforeStart{
 		procs:    leftovers.NewBaseline(leftovers.Processes(d.pid(), h)),
 		agentDir: a.Dir,
-		tree:     leftovers.ListTree(a.Dir),
+		tree:     leftovers.AgentTree(a.Dir),
 	}
 }
 
@@ -58,15 +58,7 @@ func (b beforeStart) leftBehind(h string, d *daemon, id string) []string {
 	if mounts := leftovers.MountsUnder(h); len(mounts) > 0 {
 		left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), leftovers.Brief(mounts, 2)))
 	}
-	after := leftovers.ListTree(b.agentDir)
-	// The workspace's repository is the workspace's, made before the
-	// boundary so that it is protected like any other, and it stays.
-	for p := range after {
-		if p == "workspace/.git" || strings.HasPrefix(p, "workspace/.git/") {
-			delete(after, p)
-		}
-	}
-	if paths := leftovers.NewPaths(b.tree, after); len(paths) > 0 {
+	if paths := leftovers.NewPaths(b.tree, leftovers.AgentTree(b.agentDir)); len(paths) > 0 {
 		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory: %s", len(paths), leftovers.Brief(paths, 8)))
 	}
 	return left

@@ -6,6 +6,7 @@ package probe
 import (
 	"fmt"
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -39,23 +40,29 @@ var checks = map[strategy.Name]func(*config.Config, Env) string{
 	strategy.Microsandbox: checkMicrosandbox,
 }
 
-// Run checks every strategy in the order of strategy.All. A strategy the
-// config turns off is not checked: its reason is the config's.
+// Run checks every strategy, all at once (microsandbox's starts QEMU, which
+// takes a while), and returns the results in the order of strategy.All. A
+// strategy the config turns off is not checked: its reason is the config's.
 func Run(cfg *config.Config, env Env) []Result {
-	results := make([]Result, 0, len(strategy.All))
-	for _, n := range strategy.All {
-		r := Result{Name: n}
+	results := make([]Result, len(strategy.All))
+	var wg sync.WaitGroup
+	for i, n := range strategy.All {
+		results[i].Name = n
 		if !cfg.Offered[n] {
-			r.Reason = cfg.OffReason[n]
-		} else {
+			results[i].Reason = cfg.OffReason[n]
+			continue
+		}
+		wg.Add(1)
+		go func(r *Result) {
+			defer wg.Done()
 			r.Reason = checks[n](cfg, env)
 			r.Available = r.Reason == ""
 			if n == strategy.Microsandbox {
 				r.Detail = fmt.Sprintf("%s accelerator, %s transport", cfg.VM.Accelerator, cfg.VM.Transport)
 			}
-		}
-		results = append(results, r)
+		}(&results[i])
 	}
+	wg.Wait()
 	return results
 }
 

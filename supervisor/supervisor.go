@@ -133,17 +133,10 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	if err := s.loadConfig(); err != nil {
 		return nil, err
 	}
-	s.probes = probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir})
-	for _, r := range s.probes {
-		if r.Available {
-			log.WithField("strategy", r.Name).Info("strategy available")
-		} else {
-			log.WithField("strategy", r.Name).Warnf("strategy unavailable: %s", r.Reason)
-		}
-	}
-	if !probe.AnyAvailable(s.probes) {
-		return nil, noStrategyError(s.probes)
-	}
+	// The probes run while the sessions are recovered: adopting a shim needs
+	// no probe, and a restart with sessions alive should not wait for QEMU's.
+	probed := make(chan []probe.Result, 1)
+	go func() { probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir}) }()
 	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
 	if !s.cgSupport.Available {
 		log.Warnf("sessions run without cgroup limits: %s", s.cgSupport.Reason)
@@ -158,6 +151,17 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		return nil, err
 	}
 	s.recoverSessions()
+	s.probes = <-probed
+	for _, r := range s.probes {
+		if r.Available {
+			log.WithField("strategy", r.Name).Info("strategy available")
+		} else {
+			log.WithField("strategy", r.Name).Warnf("strategy unavailable: %s", r.Reason)
+		}
+	}
+	if !probe.AnyAvailable(s.probes) {
+		return nil, noStrategyError(s.probes)
+	}
 	return s, nil
 }
 

@@ -253,6 +253,20 @@ func ListTree(dir string) map[string]string {
 	return tree
 }
 
+// AgentTree is ListTree of an agent's directory without the workspace's
+// repository: the shim gives a workspace one before the first boundary
+// exists (so that it is protected like any other), and it stays, whatever
+// becomes of the session.
+func AgentTree(dir string) map[string]string {
+	tree := ListTree(dir)
+	for p := range tree {
+		if p == "workspace/.git" || strings.HasPrefix(p, "workspace/.git/") {
+			delete(tree, p)
+		}
+	}
+	return tree
+}
+
 // NewPaths lists what is in after and not in before.
 func NewPaths(before, after map[string]string) []string {
 	var out []string
