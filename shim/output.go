@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/agentconnect-md/agentconnect/outputlog"
 )
@@ -33,6 +36,29 @@ func (s *service) copyConsole(r *os.File, path string) {
 	}
 	f.Close()
 	io.Copy(io.Discard, r)
+}
+
+// maxHelperLines bounds what a helper (virtiofsd) may write into the
+// shim's log per run: it answers the guest, which could make it complain
+// at will.
+const maxHelperLines = 100
+
+// logHelper logs what a helper process writes, a line at a time, up to
+// maxHelperLines, then drops the rest, saying so once.
+func (s *service) logHelper(r *os.File, helper, share string) {
+	defer r.Close()
+	log := s.log.WithFields(logrus.Fields{"helper": helper, "share": share})
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 4096)
+	lines := 0
+	for sc.Scan() {
+		if lines++; lines <= maxHelperLines {
+			log.Warn(strings.TrimSpace(sc.Text()))
+		} else if lines == maxHelperLines+1 {
+			log.Warnf("%s said more than %d lines; the rest is dropped", helper, maxHelperLines)
+		}
+	}
+	io.Copy(io.Discard, r) // a line too long for the scanner: drop what is left
 }
 
 // outputLimitGrace is how long a run that reached its output limit has

@@ -295,9 +295,17 @@ func (s *service) startVirtiofsd(vm *vmRun, i int) error {
 	}
 	defer exe.Close()
 	args, files := vm.cfg.VirtiofsdLaunch(vm.tools.Virtiofsd, i, exe, rp.Binds, checks)
-	attr := &os.ProcAttr{Files: append([]*os.File{nil, os.Stderr, os.Stderr}, files...),
+	// What virtiofsd says goes to the shim's log, bounded: the guest's
+	// requests are what it answers.
+	msgR, msgW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
+	}
+	go s.logHelper(msgR, "virtiofsd", sh.Tag)
+	attr := &os.ProcAttr{Files: append([]*os.File{nil, msgW, msgW}, files...),
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
 	pid, exited, err := s.spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
+	msgW.Close()
 	if err != nil {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
