@@ -8,7 +8,7 @@ export GOTOOLCHAIN := local
 export CGO_ENABLED := 0
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/agentconnect-md/agentconnect/version.Version=$(VERSION)
+LDFLAGS := -X github.com/agentconnect-md/agentconnect/internal/version.Version=$(VERSION)
 PREFIX ?= /usr/local
 BINARIES := bin/agentconnect bin/agentconnect-shim
 
@@ -21,7 +21,7 @@ deps:
 
 build:
 	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim
-	go build -ldflags '$(LDFLAGS)' -o bin/agentconnect-vmagent ./vmagent
+	go build -ldflags '$(LDFLAGS)' -o bin/agentconnect-vmagent ./cmd/agentconnect-vmagent
 
 # The default microsandbox guest image (kernel, initramfs with the vmagent,
 # Debian root with git and Node.js), into bin/image; quick when up to date.

@@ -20,7 +20,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 )
 
 // benchAgent is the agent every measurement uses: host strategy, a runtime

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/reaper"
-	"github.com/agentconnect-md/agentconnect/procstat"
 )
 
 // binDir holds agentconnect and agentconnect-shim: $AGENTCONNECT_BIN, or a

@@ -27,10 +27,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/testdns"
-	"github.com/agentconnect-md/agentconnect/procstat"
-	"github.com/agentconnect-md/agentconnect/vmnet"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
 )
 
 // The microsandbox tests boot real VMs: QEMU under TCG (this machine and CI

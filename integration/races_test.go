@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/procstat"
-	sessionfiles "github.com/agentconnect-md/agentconnect/session"
+	sessionfiles "github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 // startGroupLeader starts `sleep 600` leading a process group of its own,

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 // counter prints 1, 2, 3, ... one line every 50 ms.

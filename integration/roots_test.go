@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/internal/testdns"
-	"github.com/agentconnect-md/agentconnect/vmnet"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
 )
 
 // batteryFuncs are the verdicts of a battery line: deny NAME CMD prints

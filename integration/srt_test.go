@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 func requireBwrap(t testing.TB) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/agentconnect-md/agentconnect/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 )
 
 // maxConsole bounds a VM's console.log: its kernel's and guest agent's log.

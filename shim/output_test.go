@@ -11,9 +11,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 )
 
 func limitMiB(n int64) func(*session.Spec) {

@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/procstat"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 const (

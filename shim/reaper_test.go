@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/microvm"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 )
 
 // busyReaper runs the reaper's wait4(-1) loop without pause, as a shim

@@ -18,11 +18,11 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/procstat"
-	"github.com/agentconnect-md/agentconnect/session"
-	"github.com/agentconnect-md/agentconnect/version"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/version"
 )
 
 // exitLinger is how long a shim whose runtime has exited waits for the

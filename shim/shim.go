@@ -24,8 +24,8 @@ import (
 	"io"
 
 	"github.com/agentconnect-md/agentconnect/internal/fds"
-	"github.com/agentconnect-md/agentconnect/microvm"
-	"github.com/agentconnect-md/agentconnect/sandbox"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 )
 
 // Main runs the shim with the arguments after the program name.

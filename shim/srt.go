@@ -18,11 +18,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
-	"github.com/agentconnect-md/agentconnect/netpolicy"
-	"github.com/agentconnect-md/agentconnect/proxy"
-	"github.com/agentconnect-md/agentconnect/sandbox"
-	"github.com/agentconnect-md/agentconnect/seccomp"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/proxy"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
 )
 
 // sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.

@@ -14,9 +14,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
-	"github.com/agentconnect-md/agentconnect/netpolicy"
-	"github.com/agentconnect-md/agentconnect/session"
 )
 
 const (

@@ -17,14 +17,14 @@ import (
 	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
-	"github.com/agentconnect-md/agentconnect/microvm"
-	"github.com/agentconnect-md/agentconnect/netpolicy"
-	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/session"
-	"github.com/agentconnect-md/agentconnect/vmnet"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 const (

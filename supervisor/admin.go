@@ -8,15 +8,15 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/agentconnect-md/agentconnect/agent"
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/probe"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy"
-	"github.com/agentconnect-md/agentconnect/version"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/probe"
 )
 
 // adminService serves the admin API: it converts messages and maps errors

@@ -6,10 +6,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/agent"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/probe"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/probe"
 )
 
 // NotOffered is what an agent whose strategy this daemon does not offer

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/agentconnect-md/agentconnect/home"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 )
 
 // listen creates the admin socket: 0600, or 0660 with config's socketGroup.

@@ -8,11 +8,11 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/agentconnect-md/agentconnect/agent"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/microvm"
-	"github.com/agentconnect-md/agentconnect/session"
-	"github.com/agentconnect-md/agentconnect/vmimage"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
 // vmSpec is the VM a microsandbox session of a runs in: the daemon's VM

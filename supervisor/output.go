@@ -7,10 +7,10 @@ import (
 	"os"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/filewatch"
-	"github.com/agentconnect-md/agentconnect/outputlog"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/filewatch"
+	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 )
 
 // attach streams a session's output log from offset. With follow it goes on

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 const (

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/home"
-	"github.com/agentconnect-md/agentconnect/procstat"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 const (

@@ -13,11 +13,11 @@ import (
 
 	"github.com/containerd/ttrpc"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/procstat"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/shim"
-	"github.com/agentconnect-md/agentconnect/version"
 )
 
 const (

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentconnect-md/agentconnect/agent"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
 // sandboxSpec is what the shim needs to build a's srt boundary.

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 

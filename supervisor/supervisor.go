@@ -18,13 +18,13 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
 
-	"github.com/agentconnect-md/agentconnect/agent"
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/config"
-	"github.com/agentconnect-md/agentconnect/home"
-	"github.com/agentconnect-md/agentconnect/limits"
-	"github.com/agentconnect-md/agentconnect/probe"
+	"github.com/agentconnect-md/agentconnect/internal/config"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/limits"
+	"github.com/agentconnect-md/agentconnect/supervisor/probe"
 )
 
 // Options configure a supervisor. Home and ShimBinary are required.

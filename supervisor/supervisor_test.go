@@ -9,12 +9,12 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/agentconnect-md/agentconnect/agent"
-	"github.com/agentconnect-md/agentconnect/atomicfile"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/home"
-	"github.com/agentconnect-md/agentconnect/probe"
+	"github.com/agentconnect-md/agentconnect/internal/atomicfile"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/probe"
 )
 
 // newTestSupervisor makes a supervisor on a fresh home, with config.json

@@ -8,10 +8,10 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/agentconnect-md/agentconnect/atomicfile"
-	"github.com/agentconnect-md/agentconnect/filewatch"
-	"github.com/agentconnect-md/agentconnect/netpolicy"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/atomicfile"
+	"github.com/agentconnect-md/agentconnect/internal/filewatch"
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
 
 // readViolations returns a session's refusals, the kinds kept ordered by

@@ -9,8 +9,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/agentconnect-md/agentconnect/netpolicy"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
 
 func violationSupervisor(t *testing.T) (*Supervisor, *sessionState) {

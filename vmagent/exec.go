@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // Limits on processes.

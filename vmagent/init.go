@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // mountSpec is one filesystem PID 1 mounts.

@@ -1,7 +1,8 @@
-// Command agentconnect-vmagent is PID 1 of a session's VM: it brings the
-// guest up, builds its root and runs the session's processes for the shim,
-// which talks to it over vsock or a virtio-serial port (api/vmagent/v1).
-package main
+// Package vmagent is agentconnect-vmagent, PID 1 of a session's VM: it
+// brings the guest up, builds its root and runs the session's processes for
+// the shim, which talks to it over vsock or a virtio-serial port
+// (api/vmagent/v1).
+package vmagent
 
 import (
 	"context"
@@ -14,14 +15,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // portWait bounds the wait for the serial port to show up with its name
 // after virtio_console is loaded.
 const portWait = 10 * time.Second
 
-func main() {
+// Main runs the agent, and exits when it fails.
+func Main() {
 	logf := log.New(os.Stderr, "vmagent: ", 0).Printf
 	if err := run(logf); err != nil {
 		logf("%v", err)

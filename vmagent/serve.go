@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // acceptRetryDelay paces Accept after an error that is not the listener

@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/version"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/version"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // shutdownGrace is how long Shutdown's answer has to reach the host before

@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"bufio"
@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // These tests run the agent in this process (not as PID 1: it reaps only

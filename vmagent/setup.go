@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 // Limits and patterns for Setup's input, which comes from the host and is

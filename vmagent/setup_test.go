@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 func validSetup() *vmagentv1.SetupRequest {

@@ -1,4 +1,4 @@
-package main
+package vmagent
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
-	"github.com/agentconnect-md/agentconnect/vmtransport"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
 // These tests boot the agent for real: QEMU under TCG, the Debian cloud
@@ -151,7 +151,7 @@ func buildAgent(t *testing.T) string {
 	if err != nil {
 		t.Skipf("no go tool to build the agent with: %v", err)
 	}
-	cmd := exec.Command(goTool, "build", "-o", out, ".")
+	cmd := exec.Command(goTool, "build", "-o", out, "../cmd/agentconnect-vmagent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the agent: %v\n%s", err, b)

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/agentconnect-md/agentconnect/agent"
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
 func newAgentCommand(g *globals) *cobra.Command {

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 // Exit codes of exec, as docker run has them.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/agentconnect-md/agentconnect/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 func main() {

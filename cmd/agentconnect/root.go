@@ -3,8 +3,8 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/agentconnect-md/agentconnect/home"
-	"github.com/agentconnect-md/agentconnect/version"
+	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/version"
 )
 
 // globals are the flags every command takes.

@@ -20,10 +20,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/agentconnect-md/agentconnect/home"
 	"github.com/agentconnect-md/agentconnect/internal/fds"
+	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/supervisor"
-	"github.com/agentconnect-md/agentconnect/version"
 )
 
 // envLockFD names the fd of the home lock a restarting daemon hands over.

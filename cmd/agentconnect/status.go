@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
-	"github.com/agentconnect-md/agentconnect/config"
-	"github.com/agentconnect-md/agentconnect/probe"
-	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/config"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/supervisor/probe"
 )
 
 // exitNoDaemon is status's exit code when no daemon answers.

@@ -16,8 +16,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentconnect-md/agentconnect/home"
-	"github.com/agentconnect-md/agentconnect/session"
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 )
 
 // Proc is one process of /proc.

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentconnect-md/agentconnect/atomicfile"
-	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/atomicfile"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 // A ledger records, for one daemon, the boundaries that run and the

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentconnect-md/agentconnect/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 // TestRunReapsOrphans runs a shell that leaves a background child behind

@@ -1,0 +1,119 @@
+package limits
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/testutil"
+)
+
+func TestSessionCgroupLimits(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, sup := Setup("agentconnect-test-" + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	cg, err := m.Create("s1", session.Limits{Pids: 32, MemoryMiB: 64, CPUs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Remove()
+	want := map[string]string{
+		"pids.max":              "32",
+		"memory.limit_in_bytes": strconv.Itoa(64 << 20), // v1
+		"memory.max":            strconv.Itoa(64 << 20), // v2
+		"cpu.cfs_quota_us":      "100000",               // v1
+		"cpu.max":               "100000 100000",        // v2
+	}
+	found := 0
+	for _, d := range cg.Dirs {
+		for file, v := range want {
+			data, err := os.ReadFile(filepath.Join(d, file))
+			if err != nil {
+				continue
+			}
+			found++
+			if got := strings.TrimSpace(string(data)); got != v {
+				t.Errorf("%s/%s = %q, want %q", d, file, got, v)
+			}
+		}
+	}
+	if found < 3 {
+		t.Errorf("found %d of the pids, memory and cpu limit files in %v", found, cg.Dirs)
+	}
+
+	// A process added to the cgroup is listed, killed and the cgroup removed.
+	p, err := os.StartProcess("/bin/sleep", []string{"sleep", "60"}, &os.ProcAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Wait()
+	if err := cg.Add(p.Pid); err != nil {
+		t.Fatal(err)
+	}
+	pids, err := cg.Procs()
+	if err != nil || len(pids) != 1 || pids[0] != p.Pid {
+		t.Fatalf("Procs = %v, %v; want [%d]", pids, err, p.Pid)
+	}
+	if err := cg.Kill(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range cg.Dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s still exists after Remove", d)
+		}
+	}
+	// The daemon's parent directory (agentconnect-test-PID) stays for the
+	// next session, until the daemon closes.
+	m.Close()
+	for _, d := range cg.Dirs {
+		if _, err := os.Stat(filepath.Dir(d)); !os.IsNotExist(err) {
+			t.Errorf("%s still exists after Close", filepath.Dir(d))
+		}
+	}
+}
+
+func TestSetupUnprivileged(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("checks the reason an unprivileged daemon gets; runs when not root")
+	}
+	if _, sup := Setup("agentconnect-test"); !sup.Available && !strings.Contains(sup.Reason, "root") {
+		t.Errorf("reason %q does not say how to get cgroups", sup.Reason)
+	}
+}
+
+// Close takes away every level of the daemon's parent cgroup that Setup's
+// name made, the shared top one included, once nothing is inside.
+func TestCloseRemovesEveryLevelOfTheParent(t *testing.T) {
+	testutil.RequiresRoot(t)
+	top := "agentconnect-test-close-" + strconv.Itoa(os.Getpid())
+	m, sup := Setup(top + "/home1")
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	if len(m.parentDirs) == 0 {
+		t.Fatal("no parent cgroup directories")
+	}
+	var tops []string
+	for _, d := range m.parentDirs {
+		if filepath.Base(filepath.Dir(d)) != top {
+			t.Fatalf("parent %s is not under %s", d, top)
+		}
+		tops = append(tops, filepath.Dir(d))
+	}
+	m.Close()
+	for _, d := range append(m.parentDirs, tops...) {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s is left after Close: %v", d, err)
+			os.Remove(d) // inner levels first, so the test leaves nothing either
+		}
+	}
+}

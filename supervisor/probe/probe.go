@@ -1,0 +1,127 @@
+// Package probe checks, for each execution strategy a daemon offers, whether
+// sessions can run in it here, and says why not. A check installs and
+// downloads nothing.
+package probe
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/config"
+	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
+)
+
+// Result is one strategy's check.
+type Result struct {
+	Name      strategy.Name `json:"name"`
+	Available bool          `json:"available"`
+	Reason    string        `json:"reason"`
+	// Detail says how the strategy runs here when it runs: for
+	// microsandbox, the accelerator and the transport.
+	Detail string `json:"detail"`
+}
+
+// Env is what the checks need to know about this installation beyond the
+// config.
+type Env struct {
+	// ImageDir holds the default microVM image (kernel, initrd, root
+	// filesystem); see vmimage.Default.
+	ImageDir string
+}
+
+// checks are the live checks per strategy.
+var checks = map[strategy.Name]func(*config.Config, Env) string{
+	strategy.Host:         checkHost,
+	strategy.SRT:          checkSRTStrategy,
+	strategy.Microsandbox: checkMicrosandbox,
+}
+
+// Run checks every strategy, all at once (microsandbox's starts QEMU, which
+// takes a while), and returns the results in the order of strategy.All. A
+// strategy the config turns off is not checked: its reason is the config's.
+func Run(cfg *config.Config, env Env) []Result {
+	results := make([]Result, len(strategy.All))
+	var wg sync.WaitGroup
+	for i, n := range strategy.All {
+		results[i].Name = n
+		if !cfg.Offered[n] {
+			results[i].Reason = cfg.OffReason[n]
+			continue
+		}
+		wg.Add(1)
+		go func(r *Result) {
+			defer wg.Done()
+			r.Reason = checks[n](cfg, env)
+			r.Available = r.Reason == ""
+			if n == strategy.Microsandbox {
+				r.Detail = fmt.Sprintf("%s accelerator, %s transport", cfg.VM.Accelerator, cfg.VM.Transport)
+			}
+		}(&results[i])
+	}
+	wg.Wait()
+	return results
+}
+
+// AnyAvailable reports whether at least one strategy is available.
+func AnyAvailable(results []Result) bool {
+	for _, r := range results {
+		if r.Available {
+			return true
+		}
+	}
+	return false
+}
+
+// Default is the strategy a new agent gets: host where it can run, else the
+// first available sandbox; "" when none is available.
+func Default(results []Result) strategy.Name {
+	for _, r := range results {
+		if r.Available {
+			return r.Name
+		}
+	}
+	return ""
+}
+
+func checkHost(*config.Config, Env) string {
+	if runtime.GOOS != "linux" {
+		return "host sessions need Linux"
+	}
+	return ""
+}
+
+// checkSRTStrategy: bwrap starts a sandbox here, the seccomp filter and
+// Landlock (without which no srt session runs) are there.
+func checkSRTStrategy(*config.Config, Env) string {
+	if _, err := seccomp.Program(seccomp.Options{}); err != nil {
+		return fmt.Sprintf("srt cannot filter system calls here: %v", err)
+	}
+	if r := landlockReason(landlockABI()); r != "" {
+		return r
+	}
+	return CheckSRT("")
+}
+
+// landlockABI is the kernel's Landlock ABI version (0: none), asked with
+// landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION).
+func landlockABI() int {
+	const createRulesetVersion = 1
+	abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, createRulesetVersion)
+	if errno != 0 {
+		return 0
+	}
+	return int(abi)
+}
+
+// landlockReason says why srt cannot run without Landlock, or "".
+func landlockReason(abi int) string {
+	if abi >= 1 {
+		return ""
+	}
+	return "the kernel does not offer Landlock, which srt applies beside its read-only mounts (writes only beneath the agent's directories): " +
+		"use Linux 5.13 or later built with CONFIG_SECURITY_LANDLOCK, with landlock in the lsm= boot parameter"
+}
