@@ -11,17 +11,9 @@ import (
 	"os/exec"
 	"syscall"
 	"time"
-)
 
-// Ready is what a serving shim reports to its bootstrap process, and what
-// the bootstrap prints: the supervisor reads it.
-type Ready struct {
-	Address string `json:"address"`
-	PID     int    `json:"pid"`
-	// StartTime identifies the shim process with PID (procstat).
-	StartTime uint64 `json:"startTime"`
-	Error     string `json:"error,omitempty"`
-}
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+)
 
 // readyTimeout bounds how long the bootstrap waits for the serving shim: it
 // only has to read session.json and write bootstrap.json.
@@ -102,15 +94,15 @@ func bootstrap(dir, socket string, stdout io.Writer) (retErr error) {
 	return json.NewEncoder(stdout).Encode(ready)
 }
 
-func readReady(r *os.File) (Ready, error) {
+func readReady(r *os.File) (shimv1.Ready, error) {
 	r.SetReadDeadline(time.Now().Add(readyTimeout))
 	line, err := bufio.NewReader(r).ReadBytes('\n')
 	if err != nil {
-		return Ready{}, fmt.Errorf("shim did not report ready: %w (see shim.log in the session directory)", err)
+		return shimv1.Ready{}, fmt.Errorf("shim did not report ready: %w (see shim.log in the session directory)", err)
 	}
-	var ready Ready
+	var ready shimv1.Ready
 	if err := json.Unmarshal(line, &ready); err != nil {
-		return Ready{}, fmt.Errorf("shim ready message: %w", err)
+		return shimv1.Ready{}, fmt.Errorf("shim ready message: %w", err)
 	}
 	return ready, nil
 }

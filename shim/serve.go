@@ -45,7 +45,7 @@ func serve(dirPath, socket string) error {
 
 	readyW := os.NewFile(fdReady, "ready")
 	fail := func(err error) error {
-		json.NewEncoder(readyW).Encode(Ready{Error: err.Error()})
+		json.NewEncoder(readyW).Encode(shimv1.Ready{Error: err.Error()})
 		readyW.Close()
 		return err
 	}
@@ -93,7 +93,7 @@ func serve(dirPath, socket string) error {
 	}); err != nil {
 		return fail(err)
 	}
-	if err := json.NewEncoder(readyW).Encode(Ready{PID: os.Getpid(), StartTime: start}); err != nil {
+	if err := json.NewEncoder(readyW).Encode(shimv1.Ready{PID: os.Getpid(), StartTime: start}); err != nil {
 		return err
 	}
 	readyW.Close()

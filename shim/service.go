@@ -22,19 +22,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/version"
 )
 
-// MaxStdinWrite bounds one WriteStdin call; larger input is sent in pieces.
-const MaxStdinWrite = 1 << 20
-
-// StartTimeout is the longest a Start takes in this shim: a VM's boot
-// (bootTimeout), then its setup and the runtime's start in the guest
-// (vmCallTimeout), with startSlack for the steps before (the VM's disks and
-// virtiofsd; for srt the whole start: twice sandboxReadyTimeout and the
-// runtime's pid). A supervisor waits longer than this for Start to answer,
-// so that a slow start ends with the shim's own answer and reason.
-const StartTimeout = bootTimeout + vmCallTimeout + startSlack
-
-const startSlack = time.Minute
-
 // service is the shim's ttrpc service and the state of the one run it owns.
 type service struct {
 	rec    *session.Record
@@ -247,8 +234,8 @@ func (s *service) Wait(ctx context.Context, _ *shimv1.WaitRequest) (*shimv1.Wait
 }
 
 func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest) (*shimv1.WriteStdinResponse, error) {
-	if len(req.Data) > MaxStdinWrite {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), MaxStdinWrite))
+	if len(req.Data) > shimv1.MaxStdinWrite {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
 	}
 	s.stdinMu.Lock()
 	defer s.stdinMu.Unlock()

@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 
 type started struct {
 	dir    session.Dir
-	ready  Ready
+	ready  shimv1.Ready
 	client shimv1.ShimService
 	conn   *ttrpc.Client
 }
@@ -77,7 +77,7 @@ func startShimIn(t *testing.T, root string, edit func(*session.Spec), command ..
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	var ready Ready
+	var ready shimv1.Ready
 	if err := json.Unmarshal(stdout.Bytes(), &ready); err != nil {
 		t.Fatalf("bootstrap printed %q: %v", stdout.String(), err)
 	}
@@ -294,6 +294,19 @@ func TestReaperSignalsOnlyUnreapedChildren(t *testing.T) {
 			}
 			return
 		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Every start this shim makes ends within the StartTimeout the supervisor
+// waits for: a VM's boot and its guest calls, an srt sandbox's readiness.
+func TestStartBoundsFitStartTimeout(t *testing.T) {
+	for name, d := range map[string]time.Duration{
+		"microsandbox": bootTimeout + vmCallTimeout,
+		"srt":          2 * sandboxReadyTimeout,
+	} {
+		if d >= shimv1.StartTimeout {
+			t.Errorf("%s start takes up to %v, not within shimv1.StartTimeout %v", name, d, shimv1.StartTimeout)
 		}
 	}
 }

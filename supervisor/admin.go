@@ -13,7 +13,6 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/internal/version"
-	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
@@ -187,8 +186,8 @@ func (a *adminService) RemoveSession(_ context.Context, req *adminv1.RemoveSessi
 }
 
 func (a *adminService) WriteStdin(ctx context.Context, req *adminv1.WriteStdinRequest) (*adminv1.WriteStdinResponse, error) {
-	if len(req.Data) > shim.MaxStdinWrite {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shim.MaxStdinWrite))
+	if len(req.Data) > shimv1.MaxStdinWrite {
+		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
 	}
 	n, err := a.s.writeStdin(ctx, req.Id, req.Data)
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/version"
-	"github.com/agentconnect-md/agentconnect/shim"
 )
 
 const (
@@ -36,7 +35,7 @@ const (
 	// on a start (a VM's boot among it) by a short call, so that a slow
 	// start ends with the shim's answer. A start that still has not
 	// answered is abandoned, with everything it started.
-	startTimeout = shim.StartTimeout + callTimeout
+	startTimeout = shimv1.StartTimeout + callTimeout
 	// shimExitTimeout bounds the wait for a shim told to shut down to exit.
 	shimExitTimeout = 5 * time.Second
 )
@@ -94,7 +93,7 @@ func (s *Supervisor) bootstrapShim(dir session.Dir, run uint32, socket string) (
 		}
 		return nil, fmt.Errorf("start shim: %v: %s", err, strings.TrimSpace(stderr.String()))
 	}
-	var ready shim.Ready
+	var ready shimv1.Ready
 	if err := json.Unmarshal(stdout.Bytes(), &ready); err != nil {
 		return nil, fmt.Errorf("start shim: it printed %q: %w", stdout.String(), err)
 	}
