@@ -19,6 +19,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 )
 
 const (
@@ -244,7 +245,11 @@ func (s *service) launch() (pid int, retErr error) {
 		stdio[2] = srt.setupW
 		extra = srt.childFiles
 	}
-	launcher, exitStatus, execErr, err := s.startInCgroup(argv, spec.Workspace, spec.Env, stdio, extra)
+	env := spec.Env
+	if srt != nil {
+		env = session.MergeEnv(env, sandbox.ProxyEnv())
+	}
+	launcher, exitStatus, execErr, err := s.startInCgroup(argv, spec.Workspace, env, stdio, extra)
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
 		f.Close()
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/strategy"
-	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
 )
@@ -136,9 +135,9 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 	}
 	spec.Env = runtimeEnv(a.Env, spec.Home, spec.Tmp)
 	if a.Strategy == strategy.SRT {
+		// Its only network is the policy proxy on its loopback; the shim
+		// points the proxy variables at it.
 		spec.Sandbox = s.sandboxSpec(a, agentDir)
-		// The sandbox's only network is the policy proxy on its loopback.
-		spec.Env = mergeEnv(spec.Env, proxyEnv())
 	}
 	if a.Strategy == strategy.Microsandbox {
 		// cpus and memory size the VM; the cgroup keeps only its pids limit.
@@ -194,37 +193,7 @@ func runtimeEnv(agentEnv []string, homeDir, tmp string) []string {
 		lang = "C.UTF-8"
 	}
 	base := []string{"PATH=" + path, "LANG=" + lang, "TERM=dumb"}
-	return mergeEnv(mergeEnv(base, agentEnv), []string{"HOME=" + homeDir, "TMPDIR=" + tmp})
-}
-
-// proxyEnv points every usual proxy variable at the sandbox's proxy.
-func proxyEnv() []string {
-	httpProxy := fmt.Sprintf("http://127.0.0.1:%d", sandbox.HTTPProxyPort)
-	socks := fmt.Sprintf("socks5h://127.0.0.1:%d", sandbox.SOCKSProxyPort)
-	noProxy := "localhost,127.0.0.1,::1"
-	var env []string
-	for _, kv := range [][2]string{{"HTTP_PROXY", httpProxy}, {"HTTPS_PROXY", httpProxy}, {"ALL_PROXY", socks}, {"NO_PROXY", noProxy}} {
-		env = append(env, kv[0]+"="+kv[1], strings.ToLower(kv[0])+"="+kv[1])
-	}
-	return env
-}
-
-// mergeEnv returns base with over's variables set: a variable keeps its
-// first position, and the last value given wins.
-func mergeEnv(base, over []string) []string {
-	all := append(append([]string(nil), base...), over...)
-	index := map[string]int{}
-	var env []string
-	for _, kv := range all {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := index[k]; ok {
-			env[i] = kv
-			continue
-		}
-		index[k] = len(env)
-		env = append(env, kv)
-	}
-	return env
+	return session.MergeEnv(session.MergeEnv(base, agentEnv), []string{"HOME=" + homeDir, "TMPDIR=" + tmp})
 }
 
 // doneStartingLocked ends one start of a run of agent id; the caller holds

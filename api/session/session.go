@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/internal/atomicfile"
@@ -262,4 +263,22 @@ func (d Dir) WriteViolations(v *Violations, durable bool) error {
 		return atomicfile.WriteFile(d.ViolationsPath(), buf.Bytes(), 0o600)
 	}
 	return atomicfile.WriteVolatile(d.ViolationsPath(), buf.Bytes(), 0o600)
+}
+
+// MergeEnv returns base with over's variables set: a variable keeps its
+// first position, and the last value given wins.
+func MergeEnv(base, over []string) []string {
+	all := append(append([]string(nil), base...), over...)
+	index := map[string]int{}
+	var env []string
+	for _, kv := range all {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := index[k]; ok {
+			env[i] = kv
+			continue
+		}
+		index[k] = len(env)
+		env = append(env, kv)
+	}
+	return env
 }

@@ -8,7 +8,9 @@
 package sandbox
 
 import (
+	"fmt"
 	"os"
+	"strings"
 
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
@@ -30,6 +32,19 @@ const (
 	HTTPProxyPort  = 3128
 	SOCKSProxyPort = 1080
 )
+
+// ProxyEnv points every usual proxy variable at the sandbox's proxy, which
+// is its only network.
+func ProxyEnv() []string {
+	httpProxy := fmt.Sprintf("http://127.0.0.1:%d", HTTPProxyPort)
+	socks := fmt.Sprintf("socks5h://127.0.0.1:%d", SOCKSProxyPort)
+	noProxy := "localhost,127.0.0.1,::1"
+	var env []string
+	for _, kv := range [][2]string{{"HTTP_PROXY", httpProxy}, {"HTTPS_PROXY", httpProxy}, {"ALL_PROXY", socks}, {"NO_PROXY", noProxy}} {
+		env = append(env, kv[0]+"="+kv[1], strings.ToLower(kv[0])+"="+kv[1])
+	}
+	return env
+}
 
 // ShimPath is where the shim binary is bound inside the sandbox, to run
 // sandbox-exec.
