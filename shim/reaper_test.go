@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 )
 
@@ -40,7 +41,7 @@ func TestHelpersRunThroughTheReaper(t *testing.T) {
 	s := &service{reaper: newReaper()}
 	busyReaper(t, s)
 	for i := 0; i < 5; i++ {
-		c := microvm.Config{Dir: t.TempDir(), DiskGiB: 1}
+		c := microvm.Config{VM: session.VM{Dir: t.TempDir(), DiskGiB: 1}}
 		if err := microvm.PrepareDisks(c, s.runHelper); err != nil {
 			t.Fatalf("disks %d: %v", i, err)
 		}

@@ -67,7 +67,7 @@ type vmRun struct {
 // launchVM boots the session's VM and runs the runtime in it.
 func (s *service) launchVM() (pid int, retErr error) {
 	spec := s.rec.Spec
-	vm := &vmRun{cfg: *spec.VM, reaper: s.reaper}
+	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, reaper: s.reaper}
 	st := &steps{mark: time.Now()}
 	defer func() {
 		if retErr != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
-	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
@@ -19,9 +18,9 @@ import (
 // settings with the agent's overrides, the image (the default one, or the
 // configured one prepared on first use), and the agent's directories and
 // mounts as virtiofs shares at their host paths.
-func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, error) {
+func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, error) {
 	settings := s.cfg.VM
-	vm := &microvm.Config{
+	vm := &session.VM{
 		CPUs: settings.CPUs, MemoryMiB: settings.MemoryMiB, DiskGiB: settings.DiskGiB,
 		Accelerator: settings.Accelerator, Transport: settings.Transport,
 		Hidden: append([]string{s.opts.Home}, homesToHide()...),
@@ -51,10 +50,10 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, 
 	}
 	vm.Kernel, vm.Initrd, vm.Rootfs, vm.ImageDigest = img.Kernel, img.Initrd, img.Rootfs, img.Digest
 	for i, d := range []string{spec.Workspace, spec.Home, spec.Memory, spec.Tmp} {
-		vm.Shares = append(vm.Shares, microvm.Share{Tag: []string{"workspace", "home", "memory", "tmp"}[i], Source: d, Target: d})
+		vm.Shares = append(vm.Shares, session.VMShare{Tag: []string{"workspace", "home", "memory", "tmp"}[i], Source: d, Target: d})
 	}
 	for i, m := range a.Mounts {
-		vm.Shares = append(vm.Shares, microvm.Share{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+		vm.Shares = append(vm.Shares, session.VMShare{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	return vm, nil
 }
@@ -65,7 +64,7 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*microvm.Config, 
 // short runtime directory.
 func (s *Supervisor) placeVM(rec *session.Record) error {
 	vm := rec.Spec.VM
-	id := microvm.Identity(*vm)
+	id := vm.Identity()
 	base := filepath.Join(s.layout.VMsDir(), rec.ID)
 	entries, _ := os.ReadDir(base)
 	for _, e := range entries {

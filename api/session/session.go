@@ -18,7 +18,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/atomicfile"
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/strategy"
-	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 )
 
 // States of a session, as users see them.
@@ -65,7 +64,7 @@ type Spec struct {
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
 	// VM is the microsandbox VM's settings; nil for other sessions. Its
 	// network policy is Sandbox's (AllowedDomains, DeniedDomains, Resolver).
-	VM *microvm.Config `json:"vm,omitempty"`
+	VM *VM `json:"vm,omitempty"`
 }
 
 // Sandbox is what the shim needs to build an srt boundary.

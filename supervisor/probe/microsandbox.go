@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/config"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
@@ -65,7 +66,7 @@ func checkMicrosandbox(cfg *config.Config, env Env) string {
 	if err != nil {
 		return err.Error()
 	}
-	check := microvm.Config{CPUs: vm.CPUs, MemoryMiB: vm.MemoryMiB, Accelerator: vm.Accelerator, Kernel: img.Kernel, Initrd: img.Initrd}
+	check := microvm.Config{VM: session.VM{CPUs: vm.CPUs, MemoryMiB: vm.MemoryMiB, Accelerator: vm.Accelerator, Kernel: img.Kernel, Initrd: img.Initrd}}
 	if r := checkQEMUStarts(tools.QEMU, check); r != "" {
 		return r
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
@@ -45,7 +46,7 @@ func brokenKernel(t *testing.T, img *vmimage.Image) string {
 // fails with QEMU's words.
 func TestCheckQEMUStarts(t *testing.T) {
 	qemu, img := testImage(t)
-	vm := microvm.Config{CPUs: 1, MemoryMiB: 256, Accelerator: "tcg", Kernel: img.Kernel, Initrd: img.Initrd}
+	vm := microvm.Config{VM: session.VM{CPUs: 1, MemoryMiB: 256, Accelerator: "tcg", Kernel: img.Kernel, Initrd: img.Initrd}}
 	if r := checkQEMUStarts(qemu, vm); r != "" {
 		t.Errorf("checkQEMUStarts with the image's kernel: %s", r)
 	}
@@ -61,7 +62,7 @@ func TestCheckQEMUStarts(t *testing.T) {
 // integration test TestProbeKVMMeansSessionsBoot.)
 func TestCheckKernelBoots(t *testing.T) {
 	qemu, img := testImage(t)
-	vm := microvm.Config{CPUs: 1, MemoryMiB: 256, Accelerator: "tcg", Kernel: img.Kernel}
+	vm := microvm.Config{VM: session.VM{CPUs: 1, MemoryMiB: 256, Accelerator: "tcg", Kernel: img.Kernel}}
 	if r := checkKernelBoots(qemu, vm); r != "" {
 		t.Errorf("checkKernelBoots under TCG: %s", r)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
 )
 
 // execRunner runs a command with os/exec: this test has no reaper.
@@ -18,7 +20,7 @@ func TestPrepareDisks(t *testing.T) {
 	if _, err := exec.LookPath("mke2fs"); err != nil {
 		t.Skip("mke2fs (e2fsprogs) is not installed")
 	}
-	c := Config{Dir: filepath.Join(t.TempDir(), "vm"), DiskGiB: 10}
+	c := Config{VM: session.VM{Dir: filepath.Join(t.TempDir(), "vm"), DiskGiB: 10}}
 	if err := PrepareDisks(c, execRunner); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ func TestPrepareDisks(t *testing.T) {
 	if !after.ModTime().Equal(before.ModTime()) {
 		t.Error("PrepareDisks rewrote an existing disk")
 	}
-	if err := PrepareDisks(Config{Dir: t.TempDir(), DiskGiB: 0}, execRunner); err == nil {
+	if err := PrepareDisks(Config{VM: session.VM{Dir: t.TempDir(), DiskGiB: 0}}, execRunner); err == nil {
 		t.Error("diskGiB 0 accepted")
 	}
 }

@@ -4,65 +4,16 @@
 package microvm
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"strconv"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
 )
 
-// Share is a host directory shared into the guest with virtiofs.
-type Share struct {
-	Tag      string `json:"tag"`
-	Source   string `json:"source"`
-	Target   string `json:"target"`
-	ReadOnly bool   `json:"readonly"`
-}
-
-// Config is one VM.
+// Config is one VM: what the supervisor chose (session.VM), with the
+// command lines and paths that QEMU and virtiofsd are started with.
 type Config struct {
-	Kernel      string  `json:"kernel"`
-	Initrd      string  `json:"initrd"`
-	Rootfs      string  `json:"rootfs"`
-	ImageDigest string  `json:"imageDigest"`
-	CPUs        int     `json:"cpus"`
-	MemoryMiB   int     `json:"memoryMiB"`
-	DiskGiB     int     `json:"diskGiB"`
-	Accelerator string  `json:"accelerator"` // kvm or tcg
-	Transport   string  `json:"transport"`   // vsock or serial
-	Shares      []Share `json:"shares"`
-	// Dir holds the VM's disks; it is the VM's identity directory.
-	Dir string `json:"dir"`
-	// RunDir holds its sockets (short paths).
-	RunDir string `json:"runDir"`
-	// CID is the guest's vsock context id, with the vsock transport.
-	CID uint32 `json:"cid"`
-	// Hidden are directories QEMU and virtiofsd may not see (the daemon's
-	// home), apart from the VM's own files.
-	Hidden []string `json:"hidden"`
-}
-
-// Identity is the hash of everything that makes a VM what it is: the image
-// content, its size, its mounts and its credential layout. A VM whose
-// identity changed is rebuilt (new disks); one whose identity is the same
-// keeps its disks across stop and resume, even under a new image tag.
-func Identity(c Config) string {
-	type share struct {
-		Source, Target string
-		ReadOnly       bool
-	}
-	id := struct {
-		Image              string
-		CPUs, Memory, Disk int
-		Shares             []share
-		CredentialLayout   int
-	}{Image: c.ImageDigest, CPUs: c.CPUs, Memory: c.MemoryMiB, Disk: c.DiskGiB, CredentialLayout: 1}
-	for _, s := range c.Shares {
-		id.Shares = append(id.Shares, share{s.Source, s.Target, s.ReadOnly})
-	}
-	data, _ := json.Marshal(id)
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])[:16]
+	session.VM
 }
 
 // Disk names: each is a file in Dir and the serial the guest finds it by.

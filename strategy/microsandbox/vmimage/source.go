@@ -18,7 +18,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/google/go-containerregistry/pkg/authn"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
@@ -26,6 +25,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 // guestPlatform is the platform the guest runs: the host's architecture.

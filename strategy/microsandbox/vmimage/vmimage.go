@@ -23,10 +23,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 // DefaultRef names the default image in a configuration and in Image.Ref.

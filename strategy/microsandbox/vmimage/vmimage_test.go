@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -30,6 +29,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 func needTools(t *testing.T) {

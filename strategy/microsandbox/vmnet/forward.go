@@ -7,12 +7,12 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/idle"
-
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/agentconnect-md/agentconnect/internal/idle"
 )
 
 // forwardTCP handles a guest's connection request (a SYN to an address

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/testdns"
 	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/agentconnect-md/agentconnect/internal/testdns"
 )
 
 // answerTTLs asks the gateway's DNS for name's A records and returns their

@@ -37,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
@@ -45,6 +44,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
 
 // The addresses of every VM network. Each VM has a network of its own, so

@@ -14,10 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"golang.org/x/net/dns/dnsmessage"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
 
 // fakeResolver answers from a table and records what it was asked.
