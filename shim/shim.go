@@ -15,6 +15,8 @@
 //	        shim, restrict writes with Landlock, exec the runtime
 //	share-exec  inside the bwrap around a microsandbox share's virtiofsd:
 //	        check the share's protected binds, exec virtiofsd
+//	probe, image  one-shot calls of the daemon (api/helper): can
+//	        microsandbox run here; prepare a guest image
 package shim
 
 import (
@@ -22,8 +24,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/agentconnect-md/agentconnect/internal/fds"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 )
@@ -40,6 +44,10 @@ func Main(args []string, stdout io.Writer) error {
 		return sandbox.Exec(args[1:])
 	case "share-exec":
 		return microvm.ShareExec(args[1:])
+	case "probe":
+		return microsandbox.ProbeMain(os.Stdin, stdout)
+	case "image":
+		return microsandbox.ImageMain(os.Stdin, stdout, os.Stderr)
 	}
 	fs := flag.NewFlagSet("agentconnect-shim "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")

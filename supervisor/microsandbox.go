@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
-	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
@@ -37,16 +37,19 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, erro
 	if vm.MemoryMiB < 128 {
 		return nil, errdefs.InvalidArgument("agent %s: a VM needs at least 128 MiB of memory, not %d", a.Name, vm.MemoryMiB)
 	}
-	base, err := vmimage.Default(s.opts.ImageDir)
-	if err != nil {
-		return nil, errdefs.FailedPrecondition("%v", err)
+	// The image comes from the shim (it links the image code; the daemon
+	// does not): the default one, or the configured one, prepared on first
+	// use.
+	var img helper.ImageResponse
+	req := helper.ImageRequest{ImageDir: s.opts.ImageDir, ImagesDir: s.layout.ImagesDir(), Ref: settings.Image}
+	if err := helper.Call(s.ctx, s.opts.ShimBinary, "image", req, &img, s.log.Infof); err != nil {
+		return nil, fmt.Errorf("prepare the guest image: %w", err)
 	}
-	img := base
-	if settings.Image != "" {
-		store := &vmimage.Store{Dir: s.layout.ImagesDir(), Base: base, Logf: s.log.Infof}
-		if img, err = store.Prepare(s.ctx, settings.Image); err != nil {
-			return nil, errdefs.FailedPrecondition("sandbox.microsandbox.image: %v", err)
+	if img.Error != "" {
+		if settings.Image != "" {
+			return nil, errdefs.FailedPrecondition("sandbox.microsandbox.image: %s", img.Error)
 		}
+		return nil, errdefs.FailedPrecondition("%s", img.Error)
 	}
 	vm.Kernel, vm.Initrd, vm.Rootfs, vm.ImageDigest = img.Kernel, img.Initrd, img.Rootfs, img.Digest
 	for i, d := range []string{spec.Workspace, spec.Home, spec.Memory, spec.Tmp} {

@@ -134,7 +134,8 @@ downloads nothing.`,
 			if requireSandbox {
 				cfg.RequireSandbox("--require-sandbox turns host off on this daemon")
 			}
-			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir()})
+			shimBinary, _ := findShim() // without it the microsandbox check says so
+			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), ShimBinary: shimBinary})
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {

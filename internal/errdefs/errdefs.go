@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -111,4 +112,16 @@ func FromStatus(err error) error {
 		}
 	}
 	return errors.New(st.Message())
+}
+
+// Clip shortens text quoted in an error (what a tool printed) to at most n
+// bytes, at a rune boundary, marking the cut.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }

@@ -4,15 +4,17 @@
 package probe
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/internal/config"
 	"github.com/agentconnect-md/agentconnect/strategy"
-	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
 )
 
 // Result is one strategy's check.
@@ -29,8 +31,11 @@ type Result struct {
 // config.
 type Env struct {
 	// ImageDir holds the default microVM image (kernel, initrd, root
-	// filesystem); see vmimage.Default.
+	// filesystem).
 	ImageDir string
+	// ShimBinary is the shim that runs microsandbox sessions: it runs
+	// microsandbox's check, whose code the daemon does not link.
+	ShimBinary string
 }
 
 // checks are the live checks per strategy.
@@ -94,12 +99,9 @@ func checkHost(*config.Config, Env) string {
 	return ""
 }
 
-// checkSRTStrategy: bwrap starts a sandbox here, the seccomp filter and
-// Landlock (without which no srt session runs) are there.
+// checkSRTStrategy: bwrap starts a sandbox here, and Landlock (without
+// which no srt session runs) is there.
 func checkSRTStrategy(*config.Config, Env) string {
-	if _, err := seccomp.Program(seccomp.Options{}); err != nil {
-		return fmt.Sprintf("srt cannot filter system calls here: %v", err)
-	}
 	if r := landlockReason(landlockABI()); r != "" {
 		return r
 	}
@@ -124,4 +126,23 @@ func landlockReason(abi int) string {
 	}
 	return "the kernel does not offer Landlock, which srt applies beside its read-only mounts (writes only beneath the agent's directories): " +
 		"use Linux 5.13 or later built with CONFIG_SECURITY_LANDLOCK, with landlock in the lsm= boot parameter"
+}
+
+// microsandboxCheckTimeout bounds the shim's microsandbox check: its QEMU
+// checks are bounded at 15 s each.
+const microsandboxCheckTimeout = time.Minute
+
+// checkMicrosandbox runs the microsandbox check in the shim that runs its
+// sessions (see strategy/microsandbox.Check).
+func checkMicrosandbox(cfg *config.Config, env Env) string {
+	if env.ShimBinary == "" {
+		return "the microsandbox check needs agentconnect-shim, which was not found: install it beside agentconnect (make install)"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), microsandboxCheckTimeout)
+	defer cancel()
+	var resp helper.ProbeResponse
+	if err := helper.Call(ctx, env.ShimBinary, "probe", helper.ProbeRequest{VM: cfg.VM, ImageDir: env.ImageDir}, &resp, func(string, ...any) {}); err != nil {
+		return "the microsandbox check did not run: " + err.Error()
+	}
+	return resp.Reason
 }

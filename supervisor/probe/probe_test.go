@@ -1,7 +1,9 @@
 package probe
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,12 +31,22 @@ func TestRun(t *testing.T) {
 	if Default(res) != strategy.Host {
 		t.Errorf("Default = %q, want host", Default(res))
 	}
-	// Without KVM and vsock (as on CI), tcg over serial gets as far as the
-	// image: the reason names the directory it is missing from.
+	// The microsandbox check runs in the shim; without one it says so.
 	tcg := config.Default()
 	tcg.VM.Accelerator, tcg.VM.Transport = "tcg", "serial"
-	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
-		t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
+	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, "needs agentconnect-shim") {
+		t.Errorf("microsandbox with no shim: reason %q, want one naming the shim", r)
+	}
+	// Through the built shim, without KVM and vsock (as on CI), tcg over
+	// serial gets as far as the image: the reason names the directory it is
+	// missing from.
+	if bin := os.Getenv("AGENTCONNECT_BIN"); bin != "" {
+		withShim := Env{ImageDir: env.ImageDir, ShimBinary: filepath.Join(bin, "agentconnect-shim")}
+		if r := checkMicrosandbox(tcg, withShim); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
+			t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
+		}
+	} else {
+		t.Log("AGENTCONNECT_BIN is not set (make test sets it): the check through the shim is not run")
 	}
 
 	// Without bwrap on PATH, srt is unavailable and says how to install it.

@@ -10,7 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
 // SRTCommand is the sandbox CheckSRT starts: bwrap with its own network
@@ -209,13 +210,4 @@ func findLine(text string, signs []string) (string, bool) {
 	return "", false
 }
 
-func clip(s string) string {
-	if len(s) <= maxStderr {
-		return s
-	}
-	n := maxStderr
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
+func clip(s string) string { return errdefs.Clip(s, maxStderr) }

@@ -1,4 +1,4 @@
-package probe
+package microsandbox
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 )
 
@@ -124,6 +125,9 @@ func accelArgs(vm microvm.Config) string {
 	return "no -accel"
 }
 
+// maxQEMUMessage bounds how much of QEMU's stderr a reason quotes.
+const maxQEMUMessage = 500
+
 // qemuMessage is what QEMU said, or how it ended when it said nothing.
 func qemuMessage(err error, stderr string) string {
 	msg := strings.Join(strings.Fields(strings.ReplaceAll(strings.TrimSpace(stderr), "\n", "; ")), " ")
@@ -133,5 +137,5 @@ func qemuMessage(err error, stderr string) string {
 		}
 		return err.Error()
 	}
-	return clip(msg)
+	return errdefs.Clip(msg, maxQEMUMessage)
 }

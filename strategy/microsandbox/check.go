@@ -1,4 +1,8 @@
-package probe
+// Package microsandbox is the microsandbox strategy's host side beyond one
+// run: the check that says whether VMs can run here, and the preparation of
+// guest images, both run by the VM shim for the daemon (which links none of
+// the VM code).
+package microsandbox
 
 import (
 	"fmt"
@@ -16,17 +20,17 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
 
-// checkMicrosandbox: the machine can run a VM per session with the
-// configured accelerator and transport, the host tools are there and can run
-// as this user, the image is in place, and QEMU starts a VM the way a
-// session does (with KVM: boots the guest kernel). It downloads nothing; a
-// custom image reference is only checked to be well-formed. The cheap checks
-// go first, QEMU last.
-func checkMicrosandbox(cfg *config.Config, env Env) string {
+// Check says why microsandbox sessions cannot run here with the settings vm
+// and the default image in imageDir, or "": the machine can run a VM per
+// session with the configured accelerator and transport, the host tools are
+// there and can run as this user, the image is in place, and QEMU starts a
+// VM the way a session does (with KVM: boots the guest kernel). It downloads
+// nothing; a custom image reference is only checked to be well-formed. The
+// cheap checks go first, QEMU last.
+func Check(vm config.VM, imageDir string) string {
 	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
 		return fmt.Sprintf("microsandbox needs a Linux amd64 host; this is %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	vm := cfg.VM
 	if vm.Accelerator == "kvm" {
 		if r := checkDevice("/dev/kvm", "KVM",
 			"add the daemon user to the kvm group (usermod -aG kvm USER) and, on a virtual machine, turn on nested virtualization; "+
@@ -62,7 +66,7 @@ func checkMicrosandbox(cfg *config.Config, env Env) string {
 		}
 	}
 	// The kernel and initramfs always come from the default image.
-	img, err := vmimage.Default(env.ImageDir)
+	img, err := vmimage.Default(imageDir)
 	if err != nil {
 		return err.Error()
 	}
