@@ -243,16 +243,17 @@ func run() int {
 
 // machine describes where the numbers were taken.
 type machine struct {
-	Nproc          int    `json:"nproc"`
-	CPU            string `json:"cpu"`
-	Kernel         string `json:"kernel"`
-	GoVersion      string `json:"goVersion"`
-	Agentconnect   string `json:"agentconnect"`
-	Strategies     string `json:"strategies"`
-	MemTotalMiB    int    `json:"memTotalMiB"`
-	ShimBinaryMiB  string `json:"shimBinaryMiB"`
-	ShimLinking    string `json:"shimLinking"`
-	SupervisorPath string `json:"supervisorPath"`
+	Nproc           int    `json:"nproc"`
+	CPU             string `json:"cpu"`
+	Kernel          string `json:"kernel"`
+	GoVersion       string `json:"goVersion"`
+	Agentconnect    string `json:"agentconnect"`
+	Strategies      string `json:"strategies"`
+	MemTotalMiB     int    `json:"memTotalMiB"`
+	ShimBinaryMiB   string `json:"shimBinaryMiB"`
+	VMShimBinaryMiB string `json:"vmShimBinaryMiB"`
+	ShimLinking     string `json:"shimLinking"`
+	SupervisorPath  string `json:"supervisorPath"`
 }
 
 func machineInfo(ctx context.Context, d *daemon) machine {
@@ -277,6 +278,9 @@ func machineInfo(ctx context.Context, d *daemon) machine {
 	}
 	if fi, err := os.Stat(d.path("agentconnect-shim")); err == nil {
 		m.ShimBinaryMiB = fmt.Sprintf("%.1f", float64(fi.Size())/(1<<20))
+	}
+	if fi, err := os.Stat(d.path("agentconnect-shim-vm")); err == nil {
+		m.VMShimBinaryMiB = fmt.Sprintf("%.1f", float64(fi.Size())/(1<<20))
 	}
 	m.ShimLinking = "static"
 	if f, err := elf.Open(d.path("agentconnect-shim")); err == nil {
@@ -373,7 +377,7 @@ func (r *report) print(f *os.File) {
 	fmt.Fprintf(f, "kernel:       %s\n", m.Kernel)
 	fmt.Fprintf(f, "go:           %s\n", m.GoVersion)
 	fmt.Fprintf(f, "agentconnect: %s (%s)\n", m.Agentconnect, m.SupervisorPath)
-	fmt.Fprintf(f, "shim binary:  %s MiB, %s\n", m.ShimBinaryMiB, m.ShimLinking)
+	fmt.Fprintf(f, "shim binary:  %s MiB (host, srt), %s MiB (microsandbox), %s\n", m.ShimBinaryMiB, m.VMShimBinaryMiB, m.ShimLinking)
 	fmt.Fprintf(f, "strategies:   %s\n", m.Strategies)
 	c := r.Counts
 	byGroup := map[string]string{

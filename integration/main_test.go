@@ -20,7 +20,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/reaper"
 )
 
-// binDir holds agentconnect and agentconnect-shim: $AGENTCONNECT_BIN, or a
+// binDir holds agentconnect and its two shims: $AGENTCONNECT_BIN, or a
 // fresh build.
 var binDir string
 
@@ -62,7 +62,7 @@ func binaries() (string, func(), error) {
 	}
 	// World-readable, so tests that run the daemon as another user can.
 	os.Chmod(dir, 0o755)
-	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim")
+	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim", "../cmd/agentconnect-shim-vm")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if err := cmd.Run(); err != nil {
@@ -74,7 +74,7 @@ func binaries() (string, func(), error) {
 
 func agentconnect() string { return filepath.Join(binDir, "agentconnect") }
 
-// reachable is a copy of agentconnect and agentconnect-shim that every user
+// reachable is a copy of agentconnect and its shims that every user
 // can run, made on first use by agentconnectFor and removed by TestMain.
 var reachable struct {
 	once sync.Once
@@ -98,7 +98,7 @@ func agentconnectFor(t testing.TB, cred *syscall.Credential) string {
 	return filepath.Join(reachable.dir, "agentconnect")
 }
 
-// copyBinaries copies agentconnect and agentconnect-shim from dir into a new
+// copyBinaries copies agentconnect and its shims from dir into a new
 // world-readable directory.
 func copyBinaries(dir string) (string, error) {
 	to, err := os.MkdirTemp("", "agentconnect-bin-")
@@ -109,7 +109,7 @@ func copyBinaries(dir string) (string, error) {
 		os.RemoveAll(to)
 		return "", err
 	}
-	for _, name := range []string{"agentconnect", "agentconnect-shim"} {
+	for _, name := range []string{"agentconnect", "agentconnect-shim", "agentconnect-shim-vm"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err == nil {
 			err = os.WriteFile(filepath.Join(to, name), b, 0o755)

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,28 +12,27 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
-	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
-	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 )
 
 const (
-	// killTimeout bounds killing what is left of a session after its runtime
+	// KillTimeout bounds killing what is left of a session after its runtime
 	// exits.
-	killTimeout = 5 * time.Second
-	// drainTimeout bounds reading the output that is still in the pipes: a
+	KillTimeout = 5 * time.Second
+	// DrainTimeout bounds reading the output that is still in the pipes: a
 	// process that escaped the session may hold them open forever.
-	drainTimeout = 2 * time.Second
+	DrainTimeout = 2 * time.Second
 )
 
-// pipe returns a pipe whose shim end is non-blocking (so Go's poller serves
+// Pipe returns a pipe whose shim end is non-blocking (so Go's poller serves
 // it, with deadlines) and whose runtime end is blocking, as programs expect
 // their stdio to be.
-func pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
+func Pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		return nil, nil, fmt.Errorf("pipe: %w", err)
@@ -188,195 +186,65 @@ func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [
 	return launcher, exitStatus, string(execErr), nil
 }
 
-// launch starts the runtime through "agentconnect-shim init" (directly, or
-// in bwrap for srt), places it in the session's cgroup, lets it exec, and
-// starts copying its output.
-func (s *service) launch() (pid int, retErr error) {
-	if s.rec.Spec.VM != nil {
-		return s.launchVM()
-	}
-	var closers []*os.File
-	defer func() {
-		if retErr != nil {
-			for _, f := range closers {
-				f.Close()
-			}
-		}
-	}()
-	stdinW, stdinR, err := pipe(false)
-	if err != nil {
-		return 0, err
-	}
-	closers = append(closers, stdinW, stdinR)
-	stdoutR, stdoutW, err := pipe(true)
-	if err != nil {
-		return 0, err
-	}
-	closers = append(closers, stdoutR, stdoutW)
-	stderrR, stderrW, err := pipe(true)
-	if err != nil {
-		return 0, err
-	}
-	closers = append(closers, stderrR, stderrW)
-
-	// How long each step took, for the log: where a slow start goes.
-	st := &steps{mark: time.Now()}
-	spec := s.rec.Spec
-	argv := append([]string{"agentconnect-shim", "init", "--"}, spec.Command...)
-	stdio := [3]*os.File{stdinR, stdoutW, stderrW}
-	var extra []*os.File
-	var srt *srtRun
-	if spec.Sandbox != nil {
-		if srt, err = s.prepareSRT(stderrW); err != nil {
-			return 0, sandboxSetupError(err)
-		}
-		st.done("boundary")
-		defer func() {
-			if retErr != nil {
-				srt.closeChildEnds()
-				srt.stop()
-				srt.boundary.Release()
-			}
-		}()
-		if argv, err = srt.argv(); err != nil {
-			return 0, err
-		}
-		// bwrap's own stderr is the setup pipe; the runtime's is fd 6.
-		stdio[2] = srt.setupW
-		extra = srt.childFiles
-	}
-	env := spec.Env
-	if srt != nil {
-		env = session.MergeEnv(env, sandbox.ProxyEnv())
-	}
-	launcher, exitStatus, execErr, err := s.startInCgroup(argv, spec.Workspace, env, stdio, extra)
-	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
-		f.Close()
-	}
-	if srt != nil {
-		srt.closeChildEnds()
-	}
-	closers = []*os.File{stdinW, stdoutR, stderrR}
-	if err != nil {
-		return 0, err
-	}
-	st.done("exec")
-
-	pid = launcher
-	nsInit := 0
-	if srt != nil && execErr == "" {
-		var err error
-		if nsInit, pid, err = srt.started(); err != nil {
-			return 0, s.abortSandbox(launcher, exitStatus, srt, err)
-		}
-		st.done("sandbox")
-	}
-	var copiers sync.WaitGroup
-	copiers.Add(2)
-	go s.copyOutput(stdoutR, outputlog.Stdout, &copiers)
-	go s.copyOutput(stderrR, outputlog.Stderr, &copiers)
-	s.running(pid, launcher, nsInit, stdinW, st)
-
-	go func() {
-		ws := <-exitStatus
-		code, reason := exitCode(ws, execErr)
-		if srt != nil {
-			if c, r, ok := srt.exit(code); ok {
-				code, reason = c, r
-			}
-		}
-		s.endRun(launcher, []*os.File{stdoutR, stderrR}, &copiers)
-		if srt != nil {
-			srt.stop()
-		}
-		s.finish(session.Exited, code, reason)
-		if srt != nil {
-			// Placeholders go after the exit is reported: no one waits
-			// for them, and a session started meanwhile keeps them.
-			srt.boundary.Release()
-		}
-		close(s.cleanedUp)
-	}()
-	return pid, nil
-}
-
-// abortSandbox ends an srt sandbox that did not come up: everything it
-// started is killed and reaped before the start fails, so that no run with
-// an unknown pid is left. The error says why, in bwrap's or sandbox-exec's
-// words when the sandbox ended by itself.
-func (s *service) abortSandbox(launcher int, exitStatus <-chan syscall.WaitStatus, srt *srtRun, err error) error {
-	// The launcher is not reaped yet, so its pid (and group) is still ours.
-	killGroup(launcher, syscall.SIGKILL)
-	if len(s.cg.Dirs) > 0 {
-		if kerr := s.cg.Kill(killTimeout); kerr != nil {
-			s.log.WithError(kerr).Warn("kill the sandbox that did not start")
-		}
-	}
-	ws := <-exitStatus
-	if errors.Is(err, errSandboxEnded) {
-		code, _ := exitCode(ws, "")
-		if _, reason, ok := srt.exit(code); ok {
-			return sandboxSetupError(errors.New(strings.TrimPrefix(reason, "sandbox setup: ")))
-		}
-	}
-	return sandboxSetupError(err)
-}
-
-// steps times the steps of a start, for the log: where a slow start goes.
-type steps struct {
+// Steps times the steps of a start, for the log: where a slow start goes.
+type Steps struct {
 	mark time.Time
 	list []string
 }
 
-func (st *steps) done(name string) {
+// NewSteps starts timing a start.
+func NewSteps() *Steps { return &Steps{mark: time.Now()} }
+
+// Done ends the step name.
+func (st *Steps) Done(name string) {
 	st.list = append(st.list, fmt.Sprintf("%s %v", name, time.Since(st.mark).Round(10*time.Microsecond)))
 	st.mark = time.Now()
 }
 
-func (st *steps) String() string { return strings.Join(st.list, ", ") }
+func (st *Steps) String() string { return strings.Join(st.list, ", ") }
 
-// stdinWriter is the runtime's stdin: a pipe, or a connection to the guest.
-type stdinWriter interface {
+// StdinWriter is the runtime's stdin: a pipe, or a connection to the guest.
+type StdinWriter interface {
 	io.WriteCloser
 	SetWriteDeadline(time.Time) error
 }
 
-// running records that the run has started.
-func (s *service) running(pid, launcher, nsInit int, stdin stdinWriter, st *steps) {
+// running records that run has started, with the runtime's pid.
+func (s *service) running(run Run, pid int, stdin StdinWriter, st *Steps, fields logrus.Fields) {
 	startTime, _ := procstat.StartTime(pid)
 	now := time.Now()
 	s.mu.Lock()
-	s.pid, s.launcher, s.sandboxInit, s.startedAt, s.stdin = pid, launcher, nsInit, now, stdin
+	s.run, s.pid, s.startedAt, s.stdin = run, pid, now, stdin
 	s.mu.Unlock()
 	if err := s.dir.WriteStatus(&session.Status{
 		Run: s.rec.Run, State: session.Running, PID: pid, PIDStartTime: startTime, StartedAt: now,
 	}); err != nil {
 		s.log.WithError(err).Error("record running status")
 	}
-	s.log.WithFields(map[string]any{"pid": pid, "launcher": launcher, "steps": st.String()}).Info("runtime started")
+	s.log.WithFields(fields).WithFields(logrus.Fields{"pid": pid, "steps": st.String()}).Info("runtime started")
 	go s.stopAtOutputLimit()
 }
 
-// sandboxSetupError marks an error building a boundary, in the words a
+// SandboxSetupError marks an error building a boundary, in the words a
 // session's reason uses.
-func sandboxSetupError(err error) error {
+func SandboxSetupError(err error) error {
 	if strings.HasPrefix(err.Error(), "sandbox setup:") {
 		return err
 	}
 	return fmt.Errorf("sandbox setup: %w", err)
 }
 
-// killGroup signals the process group led by pid, never one of pid 0 or 1.
-func killGroup(pid int, sig syscall.Signal) {
+// KillGroup signals the process group led by pid, never one of pid 0 or 1.
+func KillGroup(pid int, sig syscall.Signal) {
 	if pid > 1 {
 		syscall.Kill(-pid, sig)
 	}
 }
 
-// exitCode turns a wait status into the session's exit code (128+N for a
+// ExitCode turns a wait status into the session's exit code (128+N for a
 // signal, as shells and docker report it) and a reason. execErr is what init
 // reported when it could not exec the runtime: "CODE message".
-func exitCode(ws syscall.WaitStatus, execErr string) (int, string) {
+func ExitCode(ws syscall.WaitStatus, execErr string) (int, string) {
 	if execErr != "" {
 		code, msg, ok := strings.Cut(execErr, " ")
 		if n, err := strconv.Atoi(code); ok && err == nil {
@@ -391,16 +259,16 @@ func exitCode(ws syscall.WaitStatus, execErr string) (int, string) {
 	return ws.ExitStatus(), ""
 }
 
-// endRun kills what is left of the session once its runtime has exited and
-// drains the output that is still in the pipes.
-func (s *service) endRun(pid int, outputs []*os.File, copiers *sync.WaitGroup) {
-	killGroup(pid, syscall.SIGKILL)
-	if len(s.cg.Dirs) > 0 {
-		if err := s.cg.Kill(killTimeout); err != nil {
-			s.log.WithError(err).Warn("kill the rest of the session")
-		}
+// EndProcesses kills what is left of a session run as the shim's processes
+// (the launcher's group, the cgroup) once its runtime has exited, drains the
+// output that is still in the pipes and closes its stdin.
+func (h *Host) EndProcesses(launcher int, outputs []*os.File, copiers *sync.WaitGroup) {
+	s := h.s
+	KillGroup(launcher, syscall.SIGKILL)
+	if err := h.KillCgroup(); err != nil {
+		s.log.WithError(err).Warn("kill the rest of the session")
 	}
-	if !waitTimeout(copiers, drainTimeout) {
+	if !WaitTimeout(copiers, DrainTimeout) {
 		s.log.Warn("output pipes still open after the runtime exited: a process outside the session holds them")
 		for _, f := range outputs {
 			f.SetReadDeadline(time.Now())
@@ -424,8 +292,8 @@ func (s *service) closeStdin() {
 	}
 }
 
-// waitTimeout waits for wg at most d and reports whether it finished.
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+// WaitTimeout waits for wg at most d and reports whether it finished.
+func WaitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
@@ -433,6 +301,36 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 		return true
 	case <-time.After(d):
 		return false
+	}
+}
+
+// SignalProcesses signals every process of a session run as the shim's
+// processes: the runtime's process group and whatever else is in its
+// cgroup. A graceful signal spares the pids in spare (the launcher and an
+// srt sandbox's init: bwrap dies of it without passing it on, taking the
+// sandbox down at once); SIGKILL reaches them too, the launcher last.
+func (h *Host) SignalProcesses(pid, launcher int, spare []int, sig syscall.Signal) {
+	targets := map[int]bool{}
+	if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {
+		for _, p := range procstat.Group(st.PGID) {
+			targets[p] = true
+		}
+	}
+	for _, p := range h.CgroupProcs() {
+		targets[p] = true
+	}
+	targets[pid] = true
+	spared := map[int]bool{launcher: true}
+	for _, p := range spare {
+		spared[p] = true
+	}
+	for p := range targets {
+		if sig == syscall.SIGKILL || p == pid || !spared[p] {
+			syscall.Kill(p, sig)
+		}
+	}
+	if sig == syscall.SIGKILL && launcher != pid {
+		h.Signal(launcher, sig)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/version"
+	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
 // exitLinger is how long a shim whose runtime has exited waits for the
@@ -38,7 +39,7 @@ const replyGrace = 50 * time.Millisecond
 const shutdownGrace = 2 * time.Second
 
 // serve is the long-lived shim.
-func serve(dirPath, socket string) error {
+func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	// A shim idles for hours: keep its heap and threads small.
 	debug.SetGCPercent(40)
 	runtime.GOMAXPROCS(2)
@@ -72,7 +73,7 @@ func serve(dirPath, socket string) error {
 	if err != nil {
 		return fail(err)
 	}
-	svc := newService(rec, dir, out, entry)
+	svc := newService(rec, dir, out, entry, runners)
 	sigchld := make(chan os.Signal, 1)
 	signal.Notify(sigchld, syscall.SIGCHLD)
 	go svc.reaper.run(sigchld)

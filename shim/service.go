@@ -18,8 +18,8 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
-	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/version"
+	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
 // service is the shim's ttrpc service and the state of the one run it owns.
@@ -43,27 +43,25 @@ type service struct {
 
 	stdinMu sync.Mutex // serializes writes, so two writers never interleave within a write
 
-	mu       sync.Mutex // guards the fields below
-	status   shimv1.Status
-	pid      int // the runtime's
-	launcher int // the process the shim started and reaps: the runtime itself, or bwrap for srt
-	// sandboxInit is bwrap's pid 1 of an srt sandbox, which, like the
-	// launcher, must not get a graceful signal: either dies of it without
-	// passing it on, and takes the sandbox down at once.
-	sandboxInit int
+	// runners are the strategies this shim binary runs.
+	runners map[strategy.Name]Runner
+
+	mu          sync.Mutex // guards the fields below
+	status      shimv1.Status
+	run         Run // once the runtime runs
+	pid         int // the runtime's
 	startedAt   time.Time
-	stdin       stdinWriter
+	stdin       StdinWriter
 	stdinClosed bool
 	exit        *session.Status
-	vm          *vmRun // a microsandbox run's VM, once it runs
 	// outputLimited: the run was stopped at the output limit.
 	outputLimited bool
 	outputErr     string // the last output log error logged, so that each is logged once
 }
 
-func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry) *service {
+func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry, runners map[strategy.Name]Runner) *service {
 	return &service{
-		rec: rec, dir: dir, out: out, log: log,
+		rec: rec, dir: dir, out: out, log: log, runners: runners,
 		cg:        cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
 		reaper:    newReaper(),
 		exited:    make(chan struct{}),
@@ -101,13 +99,13 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 		close(s.cleanedUp)
 		return nil, errdefs.ToStatus(err)
 	}
-	pid, err := s.launch()
+	run, err := s.launch()
 	if err != nil {
 		s.log.WithError(err).Error("start runtime")
 		// Whatever the start got as far as starting goes before the
 		// failure is reported, so that the cgroup can be removed.
 		if len(s.cg.Dirs) > 0 {
-			if kerr := s.cg.Kill(killTimeout); kerr != nil {
+			if kerr := s.cg.Kill(KillTimeout); kerr != nil {
 				s.log.WithError(kerr).Warn("kill what the failed start left")
 			}
 		}
@@ -115,7 +113,28 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 		close(s.cleanedUp)
 		return nil, errdefs.ToStatus(err)
 	}
+	go func() {
+		exit := run.Wait()
+		s.finish(exit.State, exit.Code, exit.Reason)
+		// What outlives the reported exit goes after it: no one waits for
+		// it, and a session started meanwhile may share it.
+		run.Release()
+		close(s.cleanedUp)
+	}()
+	s.mu.Lock()
+	pid := s.pid
+	s.mu.Unlock()
 	return &shimv1.StartResponse{Pid: uint32(pid)}, nil
+}
+
+// launch starts the runtime with this shim's runner for the session's
+// strategy.
+func (s *service) launch() (Run, error) {
+	runner := s.runners[s.rec.Strategy]
+	if runner == nil {
+		return nil, errdefs.FailedPrecondition("session %s: this shim (%s) does not run the %s strategy: the daemon starts the shim of each strategy's family", s.rec.ID, os.Args[0], s.rec.Strategy)
+	}
+	return runner.Start(&Host{s})
 }
 
 func (s *service) State(context.Context, *shimv1.StateRequest) (*shimv1.StateResponse, error) {
@@ -145,77 +164,35 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 	if sig == 0 {
 		sig = syscall.SIGKILL
 	}
-	s.mu.Lock()
-	vm, runningVM := s.vm, s.vm != nil && s.exit == nil
-	s.mu.Unlock()
-	if runningVM {
-		if err := vm.signal(sig, req.All); err != nil {
-			if sig != syscall.SIGKILL {
-				return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime in the VM: %w", err))
-			}
-			// The guest agent does not answer: the VM goes.
-			s.log.WithError(err).Warn("SIGKILL: the guest agent did not answer; killing QEMU")
-			vm.killQEMU()
-		}
-		return &shimv1.KillResponse{}, nil
-	}
-	if req.All {
-		if !s.signalAll(sig) {
-			return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
-		}
-		return &shimv1.KillResponse{}, nil
-	}
-	s.mu.Lock()
-	pid, running := s.pid, s.status == shimv1.Status_RUNNING && s.exit == nil
-	s.mu.Unlock()
-	if !running || pid <= 1 {
+	run := s.current()
+	if run == nil {
 		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
 	}
-	if err := syscall.Kill(pid, sig); err != nil {
-		return nil, errdefs.ToStatus(fmt.Errorf("signal runtime: %w", err))
+	if err := run.Signal(sig, req.All); err != nil {
+		return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime of session %s: %w", s.rec.ID, err))
 	}
 	return &shimv1.KillResponse{}, nil
 }
 
-// signalAll signals every process of the session: the runtime's process
-// group and whatever else is in its cgroup. A graceful signal spares the
-// launcher and an srt sandbox's init: bwrap dies of it without passing it
-// on, taking the sandbox down at once. It reports whether a run was there.
-func (s *service) signalAll(sig syscall.Signal) bool {
+// current is the run while its runtime runs, else nil.
+func (s *service) current() Run {
 	s.mu.Lock()
-	pid, launcher, nsInit, vm := s.pid, s.launcher, s.sandboxInit, s.vm
-	running := s.status == shimv1.Status_RUNNING && s.exit == nil
-	s.mu.Unlock()
-	if !running || pid <= 1 {
+	defer s.mu.Unlock()
+	if s.status != shimv1.Status_RUNNING || s.exit != nil {
+		return nil
+	}
+	return s.run
+}
+
+// signalAll signals every process of the session. It reports whether a run
+// was there.
+func (s *service) signalAll(sig syscall.Signal) bool {
+	run := s.current()
+	if run == nil {
 		return false
 	}
-	if vm != nil {
-		// The runtime is in the guest; if the agent does not answer, the
-		// VM goes.
-		if vm.signal(sig, true) != nil && sig == syscall.SIGKILL {
-			vm.killQEMU()
-		}
-		return true
-	}
-	targets := map[int]bool{}
-	if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {
-		for _, p := range procstat.Group(st.PGID) {
-			targets[p] = true
-		}
-	}
-	if pids, err := s.cg.Procs(); err == nil {
-		for _, p := range pids {
-			targets[p] = true
-		}
-	}
-	targets[pid] = true
-	for p := range targets {
-		if sig == syscall.SIGKILL || p == pid || (p != launcher && p != nsInit) {
-			syscall.Kill(p, sig)
-		}
-	}
-	if sig == syscall.SIGKILL && launcher != pid {
-		syscall.Kill(launcher, sig)
+	if err := run.Signal(sig, true); err != nil {
+		s.log.WithError(err).Warnf("send %v to the session", sig)
 	}
 	return true
 }

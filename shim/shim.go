@@ -1,22 +1,23 @@
-// Package shim is agentconnect-shim: one process per session run that owns
+// Package shim is the shim of a session run: one process per run that owns
 // the runtime, its stdio and its exit status, and outlives the supervisor.
+// Each strategy runs the runtime through its Runner (see runner.go); a shim
+// binary is this package with the runners of a strategy family
+// (cmd/agentconnect-shim: host and srt; cmd/agentconnect-shim-vm:
+// microsandbox).
 //
 // Lifecycle, top to bottom:
 //
 //	start   (bootstrap) listen on the socket, re-exec as "serve" in a new
 //	        session, wait until it is ready, print its address, exit
-//	serve   write bootstrap.json, serve ttrpc; Start launches the runtime
-//	        through "init"; when the runtime exits, kill what is left of the
-//	        session, drain the output, write status.json, exit
+//	serve   write bootstrap.json, serve ttrpc; Start runs the strategy's
+//	        runner; when the runtime exits, the runner ends what is left of
+//	        the run, the shim writes status.json, removes the cgroup, exits
 //	init    wait for the shim to place it in the session's cgroup, then
-//	        exec the runtime, or bwrap for srt (exec errors go back to the
-//	        shim on a pipe)
-//	sandbox-exec  inside an srt sandbox: hand the proxy listeners to the
-//	        shim, restrict writes with Landlock, exec the runtime
-//	share-exec  inside the bwrap around a microsandbox share's virtiofsd:
-//	        check the share's protected binds, exec virtiofsd
-//	probe, image  one-shot calls of the daemon (api/helper): can
-//	        microsandbox run here; prepare a guest image
+//	        exec the runtime, bwrap for srt, or QEMU's bwrap (exec errors go
+//	        back to the shim on a pipe)
+//
+// and the binary's own commands (Config.Commands), such as sandbox-exec
+// (srt) or share-exec, probe and image (microsandbox).
 package shim
 
 import (
@@ -24,32 +25,37 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
+	"sort"
+	"strings"
 
 	"github.com/agentconnect-md/agentconnect/internal/fds"
-	"github.com/agentconnect-md/agentconnect/strategy/microsandbox"
-	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
-	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
+	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
+// Config is what a shim binary is made of.
+type Config struct {
+	// Name is the binary's, for messages.
+	Name string
+	// Runners are the strategies it runs.
+	Runners map[strategy.Name]Runner
+	// Commands are its other commands, by name: steps inside a boundary
+	// (sandbox-exec) and one-shot calls of the daemon (probe).
+	Commands map[string]func(args []string) error
+}
+
 // Main runs the shim with the arguments after the program name.
-func Main(args []string, stdout io.Writer) error {
+func Main(args []string, stdout io.Writer, cfg Config) error {
+	usage := fmt.Sprintf("usage: %s start|serve --session-dir DIR --socket PATH", cfg.Name)
 	if len(args) == 0 {
-		return errors.New("usage: agentconnect-shim start|serve --session-dir DIR --socket PATH")
+		return errors.New(usage)
 	}
-	switch args[0] {
-	case "init":
+	if args[0] == "init" {
 		return runInit(args[1:])
-	case "sandbox-exec":
-		return sandbox.Exec(args[1:])
-	case "share-exec":
-		return microvm.ShareExec(args[1:])
-	case "probe":
-		return microsandbox.ProbeMain(os.Stdin, stdout)
-	case "image":
-		return microsandbox.ImageMain(os.Stdin, stdout, os.Stderr)
 	}
-	fs := flag.NewFlagSet("agentconnect-shim "+args[0], flag.ContinueOnError)
+	if cmd, ok := cfg.Commands[args[0]]; ok {
+		return cmd(args[1:])
+	}
+	fs := flag.NewFlagSet(cfg.Name+" "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")
 	socket := fs.String("socket", "", "the ttrpc socket path")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -64,7 +70,12 @@ func Main(args []string, stdout io.Writer) error {
 	case "start":
 		return bootstrap(*dir, *socket, stdout)
 	case "serve":
-		return serve(*dir, *socket)
+		return serve(*dir, *socket, cfg.Runners)
 	}
-	return fmt.Errorf("unknown command %q (want start, serve or init)", args[0])
+	names := []string{"start", "serve", "init"}
+	for n := range cfg.Commands {
+		names = append(names, n)
+	}
+	sort.Strings(names[3:])
+	return fmt.Errorf("unknown command %q (want %s)", args[0], strings.Join(names, ", "))
 }

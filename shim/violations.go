@@ -16,7 +16,6 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
-	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
 const (
@@ -35,14 +34,14 @@ const (
 	maxViolationReason   = 512
 )
 
-// violationLog keeps a session's refusals in violations.json, de-duplicated:
+// Violations keeps a session's refusals in violations.json, de-duplicated:
 // one entry per kind (protocol, host, port, reason) with a count and the
 // first and last time, at most session.MaxViolationKinds kinds, the rest
 // only counted. The srt proxy and the VM network both report through add.
 // The file is rewritten at most every violationsFlushInterval and once more
 // at close; shim.log gets a line for each new kind, one when the kinds run
 // out, and at most one summary of the others per violationsSummaryInterval.
-type violationLog struct {
+type Violations struct {
 	dir session.Dir
 	log *logrus.Entry
 
@@ -69,8 +68,8 @@ type violationKey struct {
 // openViolationLog continues the session's violations.json (a resumed
 // session keeps its earlier refusals), folding in the violations.jsonl an
 // earlier version wrote.
-func openViolationLog(dir session.Dir, log *logrus.Entry) *violationLog {
-	l := &violationLog{
+func openViolations(dir session.Dir, log *logrus.Entry) *Violations {
+	l := &Violations{
 		dir: dir, log: log, index: map[violationKey]int{}, lastSummary: time.Now(),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -92,7 +91,7 @@ func openViolationLog(dir session.Dir, log *logrus.Entry) *violationLog {
 
 // foldLegacy moves the refusals of a violations.jsonl (one line per refusal,
 // unbounded) into the table, and removes the file once they are written.
-func (l *violationLog) foldLegacy() {
+func (l *Violations) foldLegacy() {
 	path := l.dir.LegacyViolationsPath()
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -127,7 +126,7 @@ func keyOf(v netpolicy.Violation) violationKey {
 
 // add records one refusal. It is called from the proxy's and the network's
 // goroutines, and never blocks on the disk.
-func (l *violationLog) add(v netpolicy.Violation) {
+func (l *Violations) Add(v netpolicy.Violation) {
 	v = bound(v)
 	l.mu.Lock()
 	kept, dropped := l.addLocked(v)
@@ -151,18 +150,15 @@ func (l *violationLog) add(v netpolicy.Violation) {
 	}
 }
 
-// addFindings records what the run wrote that host tools would run, found
-// once it ended (protect.Plan.Audit).
-func (l *violationLog) addFindings(findings []protect.Finding) {
-	now := time.Now()
-	for _, f := range findings {
-		l.add(netpolicy.Violation{Time: now, Protocol: netpolicy.ProtocolFile, Host: f.Path, Reason: f.Reason})
-	}
+// AddFile records what the run wrote that host tools would run (a git hook
+// of a repository it created, say), found once it ended.
+func (l *Violations) AddFile(path, reason string) {
+	l.Add(netpolicy.Violation{Time: time.Now(), Protocol: netpolicy.ProtocolFile, Host: path, Reason: reason})
 }
 
 // addLocked counts v; kept says it is a new kind, dropped that it was a new
 // kind with no room left.
-func (l *violationLog) addLocked(v netpolicy.Violation) (kept, dropped bool) {
+func (l *Violations) addLocked(v netpolicy.Violation) (kept, dropped bool) {
 	l.v.Total++
 	k := keyOf(v)
 	if i, ok := l.index[k]; ok {
@@ -212,7 +208,7 @@ func boundString(s string, n int) string {
 
 // run writes the table when it changed, at most every
 // violationsFlushInterval, until close.
-func (l *violationLog) run() {
+func (l *Violations) run() {
 	defer close(l.done)
 	for {
 		select {
@@ -231,7 +227,7 @@ func (l *violationLog) run() {
 
 // flush writes violations.json if it changed, and logs the summary when it
 // is due (or final: at the end of the run).
-func (l *violationLog) flush(final bool) {
+func (l *Violations) flush(final bool) {
 	l.mu.Lock()
 	var summary uint64
 	if l.unlogged > 0 && (final || time.Since(l.lastSummary) >= violationsSummaryInterval) {
@@ -266,7 +262,7 @@ func (l *violationLog) flush(final bool) {
 }
 
 // close writes what is left, durably, and stops the writer.
-func (l *violationLog) close() {
+func (l *Violations) Close() {
 	l.closeOnce.Do(func() {
 		close(l.stop)
 		<-l.done

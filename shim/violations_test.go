@@ -19,13 +19,13 @@ import (
 // violations.json.
 const maxViolationsFile = 512 << 10
 
-func testViolationLog(t *testing.T, dir session.Dir) (*violationLog, *bytes.Buffer) {
+func testViolationLog(t *testing.T, dir session.Dir) (*Violations, *bytes.Buffer) {
 	t.Helper()
 	var buf bytes.Buffer
 	log := logrus.New()
 	log.SetOutput(&buf)
 	log.SetFormatter(&logrus.JSONFormatter{})
-	return openViolationLog(dir, log.WithField("session", "s1")), &buf
+	return openViolations(dir, log.WithField("session", "s1")), &buf
 }
 
 func lines(s string) int { return strings.Count(s, "\n") }
@@ -46,14 +46,14 @@ func TestViolationLogIsBounded(t *testing.T) {
 	const repeats = 5000
 	for i := range repeats {
 		for _, v := range kinds {
-			l.add(v)
+			l.Add(v)
 		}
 		if i%10 == 0 {
 			// A new port each time: more kinds than are kept.
-			l.add(netpolicy.Violation{Protocol: "connect", Host: "blocked.test", Port: 1000 + i, Reason: "blocked.test is in deniedDomains"})
+			l.Add(netpolicy.Violation{Protocol: "connect", Host: "blocked.test", Port: 1000 + i, Reason: "blocked.test is in deniedDomains"})
 		}
 	}
-	l.close()
+	l.Close()
 
 	total := uint64(repeats*len(kinds) + repeats/10)
 	v, err := dir.ReadViolations()
@@ -126,13 +126,13 @@ func TestViolationLogContinues(t *testing.T) {
 	a := netpolicy.Violation{Protocol: "connect", Host: "a.test", Port: 443, Reason: "denied"}
 	b := netpolicy.Violation{Protocol: "tcp", Host: "10.0.0.1", Port: 80, Reason: "private"}
 	l, _ := testViolationLog(t, dir)
-	l.add(a)
-	l.add(a)
-	l.close()
+	l.Add(a)
+	l.Add(a)
+	l.Close()
 	l, _ = testViolationLog(t, dir)
-	l.add(b)
-	l.add(a)
-	l.close()
+	l.Add(b)
+	l.Add(a)
+	l.Close()
 	v, err := dir.ReadViolations()
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +147,8 @@ func TestViolationLogContinues(t *testing.T) {
 func TestViolationLogWritesWhileRunning(t *testing.T) {
 	dir := session.Dir(t.TempDir())
 	l, _ := testViolationLog(t, dir)
-	defer l.close()
-	l.add(netpolicy.Violation{Protocol: "connect", Host: "a.test", Port: 443, Reason: "denied"})
+	defer l.Close()
+	l.Add(netpolicy.Violation{Protocol: "connect", Host: "a.test", Port: 443, Reason: "denied"})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if v, _ := dir.ReadViolations(); v.Total == 1 {
@@ -175,7 +175,7 @@ func TestViolationLogFoldsLegacyLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, _ := testViolationLog(t, dir)
-	l.close()
+	l.Close()
 	v, err := dir.ReadViolations()
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
@@ -42,7 +43,11 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, erro
 	// use.
 	var img helper.ImageResponse
 	req := helper.ImageRequest{ImageDir: s.opts.ImageDir, ImagesDir: s.layout.ImagesDir(), Ref: settings.Image}
-	if err := helper.Call(s.ctx, s.opts.ShimBinary, "image", req, &img, s.log.Infof); err != nil {
+	shim, err := s.shimFor(strategy.Microsandbox)
+	if err != nil {
+		return nil, err
+	}
+	if err := helper.Call(s.ctx, shim, "image", req, &img, s.log.Infof); err != nil {
 		return nil, fmt.Errorf("prepare the guest image: %w", err)
 	}
 	if img.Error != "" {

@@ -289,7 +289,7 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 		return err
 	}
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
-	boot, err := s.bootstrapShim(ss.dir, rec.Run, socket)
+	boot, err := s.bootstrapShim(ss.dir, rec.Strategy, rec.Run, socket)
 	if err != nil {
 		return err
 	}

@@ -15,8 +15,10 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/version"
+	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
 const (
@@ -74,12 +76,28 @@ func dialShim(ctx context.Context, boot *session.Bootstrap, timeout time.Duratio
 	return c, nil
 }
 
-// bootstrapShim runs `agentconnect-shim start` for a session run and
+// shimFor is the shim binary of a strategy's family: agentconnect-shim-vm
+// for microsandbox, agentconnect-shim for the others.
+func (s *Supervisor) shimFor(n strategy.Name) (string, error) {
+	if n != strategy.Microsandbox {
+		return s.opts.ShimBinary, nil
+	}
+	if s.opts.VMShimBinary == "" {
+		return "", errdefs.FailedPrecondition("agentconnect-shim-vm, which runs microsandbox sessions, is not installed beside agentconnect (make install)")
+	}
+	return s.opts.VMShimBinary, nil
+}
+
+// bootstrapShim runs `start` of the strategy's shim for a session run and
 // returns where the shim listens.
-func (s *Supervisor) bootstrapShim(dir session.Dir, run uint32, socket string) (*session.Bootstrap, error) {
+func (s *Supervisor) bootstrapShim(dir session.Dir, n strategy.Name, run uint32, socket string) (*session.Bootstrap, error) {
+	shim, err := s.shimFor(n)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, bootstrapTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.opts.ShimBinary, "start", "--session-dir", string(dir), "--socket", socket)
+	cmd := exec.CommandContext(ctx, shim, "start", "--session-dir", string(dir), "--socket", socket)
 	// The shim needs nothing of the daemon's environment, and must not
 	// take its systemd variables (NOTIFY_SOCKET, LISTEN_FDS).
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}

@@ -34,7 +34,11 @@ type Options struct {
 	// missing.
 	ConfigPath     string
 	RequireSandbox bool
-	ShimBinary     string
+	// ShimBinary runs host and srt sessions (agentconnect-shim),
+	// VMShimBinary microsandbox sessions, its check and its images
+	// (agentconnect-shim-vm; without it microsandbox is unavailable).
+	ShimBinary   string
+	VMShimBinary string
 	// ImageDir holds the default microsandbox image.
 	ImageDir string
 	// Listener is the admin socket when it was handed over (systemd socket
@@ -136,7 +140,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	// The probes run while the sessions are recovered: adopting a shim needs
 	// no probe, and a restart with sessions alive should not wait for QEMU's.
 	probed := make(chan []probe.Result, 1)
-	go func() { probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, ShimBinary: opts.ShimBinary}) }()
+	go func() { probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary}) }()
 	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
 	if !s.cgSupport.Available {
 		log.Warnf("sessions run without cgroup limits: %s", s.cgSupport.Reason)

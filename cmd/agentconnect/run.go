@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -97,10 +96,11 @@ func runDaemon(g *globals, configPath string, requireSandbox bool, startTimeout 
 	if err != nil {
 		return err
 	}
-	shimBinary, err := findShim()
+	shimBinary, err := findShim("agentconnect-shim")
 	if err != nil {
 		return err
 	}
+	vmShimBinary, _ := findShim("agentconnect-shim-vm") // without it microsandbox is unavailable, and says why
 	log := newLogger()
 
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -119,7 +119,7 @@ func runDaemon(g *globals, configPath string, requireSandbox bool, startTimeout 
 
 	handover, err := supervisor.Run(ctx, supervisor.Options{
 		Home: layout.Root, ConfigPath: configPath, RequireSandbox: requireSandbox,
-		ShimBinary: shimBinary, ImageDir: findImageDir(), Listener: listener, Lock: lock, Args: os.Args, Log: log,
+		ShimBinary: shimBinary, VMShimBinary: vmShimBinary, ImageDir: findImageDir(), Listener: listener, Lock: lock, Args: os.Args, Log: log,
 		StartTimeout: startTimeout,
 		Ready:        func() { daemon.SdNotify(false, daemon.SdNotifyReady) },
 	})
@@ -171,17 +171,18 @@ func inheritedListener() (net.Listener, error) {
 	return nil, nil
 }
 
-// findShim finds agentconnect-shim beside this binary, else on PATH.
-func findShim() (string, error) {
+// findShim finds a shim binary (agentconnect-shim, agentconnect-shim-vm)
+// beside this binary, else on PATH.
+func findShim(name string) (string, error) {
 	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "agentconnect-shim")
+		p := filepath.Join(filepath.Dir(exe), name)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	p, err := exec.LookPath("agentconnect-shim")
+	p, err := exec.LookPath(name)
 	if err != nil {
-		return "", errors.New("agentconnect-shim is neither beside agentconnect nor on PATH: install both (make install)")
+		return "", fmt.Errorf("%s is neither beside agentconnect nor on PATH: install them together (make install)", name)
 	}
 	return p, nil
 }

@@ -134,8 +134,8 @@ downloads nothing.`,
 			if requireSandbox {
 				cfg.RequireSandbox("--require-sandbox turns host off on this daemon")
 			}
-			shimBinary, _ := findShim() // without it the microsandbox check says so
-			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), ShimBinary: shimBinary})
+			vmShim, _ := findShim("agentconnect-shim-vm") // without it the microsandbox check says so
+			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), VMShimBinary: vmShim})
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {

@@ -33,9 +33,10 @@ type Env struct {
 	// ImageDir holds the default microVM image (kernel, initrd, root
 	// filesystem).
 	ImageDir string
-	// ShimBinary is the shim that runs microsandbox sessions: it runs
-	// microsandbox's check, whose code the daemon does not link.
-	ShimBinary string
+	// VMShimBinary is the shim that runs microsandbox sessions
+	// (agentconnect-shim-vm): it runs microsandbox's check, whose code
+	// the daemon does not link.
+	VMShimBinary string
 }
 
 // checks are the live checks per strategy.
@@ -135,13 +136,13 @@ const microsandboxCheckTimeout = time.Minute
 // checkMicrosandbox runs the microsandbox check in the shim that runs its
 // sessions (see strategy/microsandbox.Check).
 func checkMicrosandbox(cfg *config.Config, env Env) string {
-	if env.ShimBinary == "" {
-		return "the microsandbox check needs agentconnect-shim, which was not found: install it beside agentconnect (make install)"
+	if env.VMShimBinary == "" {
+		return "agentconnect-shim-vm, which runs microsandbox sessions, is not installed beside agentconnect (make install)"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), microsandboxCheckTimeout)
 	defer cancel()
 	var resp helper.ProbeResponse
-	if err := helper.Call(ctx, env.ShimBinary, "probe", helper.ProbeRequest{VM: cfg.VM, ImageDir: env.ImageDir}, &resp, func(string, ...any) {}); err != nil {
+	if err := helper.Call(ctx, env.VMShimBinary, "probe", helper.ProbeRequest{VM: cfg.VM, ImageDir: env.ImageDir}, &resp, func(string, ...any) {}); err != nil {
 		return "the microsandbox check did not run: " + err.Error()
 	}
 	return resp.Reason

@@ -34,14 +34,14 @@ func TestRun(t *testing.T) {
 	// The microsandbox check runs in the shim; without one it says so.
 	tcg := config.Default()
 	tcg.VM.Accelerator, tcg.VM.Transport = "tcg", "serial"
-	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, "needs agentconnect-shim") {
+	if r := checkMicrosandbox(tcg, env); !strings.Contains(r, "agentconnect-shim-vm") {
 		t.Errorf("microsandbox with no shim: reason %q, want one naming the shim", r)
 	}
 	// Through the built shim, without KVM and vsock (as on CI), tcg over
 	// serial gets as far as the image: the reason names the directory it is
 	// missing from.
 	if bin := os.Getenv("AGENTCONNECT_BIN"); bin != "" {
-		withShim := Env{ImageDir: env.ImageDir, ShimBinary: filepath.Join(bin, "agentconnect-shim")}
+		withShim := Env{ImageDir: env.ImageDir, VMShimBinary: filepath.Join(bin, "agentconnect-shim-vm")}
 		if r := checkMicrosandbox(tcg, withShim); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
 			t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
 		}

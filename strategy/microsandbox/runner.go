@@ -1,4 +1,4 @@
-package shim
+package microsandbox
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -22,6 +23,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
+	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
@@ -46,7 +48,8 @@ type vmRun struct {
 	tools      microvm.Tools
 	network    *vmnet.Network
 	netL       net.Listener
-	violations *violationLog
+	h          *shim.Host
+	violations *shim.Violations
 	// plan protects the writable shares; shares holds each share's binds
 	// and checks until its virtiofsd has started.
 	plan     *protect.Plan
@@ -54,7 +57,8 @@ type vmRun struct {
 	helpers  []int                       // virtiofsd's bwrap processes
 	helperEx []<-chan syscall.WaitStatus // and their exits
 	launcher int                         // init, then bwrap around QEMU: killing it ends the VM
-	reaper   *reaper                     // the shim's, which reaps the launcher and the helpers
+	exited   <-chan syscall.WaitStatus   // the launcher's exit
+	copiers  sync.WaitGroup              // the runtime's output streams
 	serial   *vmtransport.SerialClient
 	dialer   vmtransport.Dialer
 	client   *ttrpc.Client
@@ -64,11 +68,14 @@ type vmRun struct {
 	qemuErr strings.Builder
 }
 
-// launchVM boots the session's VM and runs the runtime in it.
-func (s *service) launchVM() (pid int, retErr error) {
-	spec := s.rec.Spec
-	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, reaper: s.reaper}
-	st := &steps{mark: time.Now()}
+// Runner runs microsandbox sessions: a VM per run.
+type Runner struct{}
+
+// Start boots the session's VM and runs the runtime in it.
+func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
+	spec := h.Session().Spec
+	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h}
+	st := shim.NewSteps()
 	defer func() {
 		if retErr != nil {
 			vm.stop()
@@ -76,78 +83,78 @@ func (s *service) launchVM() (pid int, retErr error) {
 	}()
 	var err error
 	if vm.tools, err = microvm.FindTools(); err != nil {
-		return 0, sandboxSetupError(err)
+		return nil, shim.SandboxSetupError(err)
 	}
-	if err := microvm.PrepareDisks(vm.cfg, s.runHelper); err != nil {
-		return 0, sandboxSetupError(err)
+	if err := microvm.PrepareDisks(vm.cfg, h.RunHelper); err != nil {
+		return nil, shim.SandboxSetupError(err)
 	}
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
-		return 0, sandboxSetupError(err)
+		return nil, shim.SandboxSetupError(err)
 	}
-	if err := s.startVMNetwork(vm); err != nil {
-		return 0, sandboxSetupError(err)
+	if err := vm.startNetwork(); err != nil {
+		return nil, shim.SandboxSetupError(err)
 	}
-	if err := s.protectShares(vm); err != nil {
-		return 0, sandboxSetupError(err)
+	if err := vm.protectShares(); err != nil {
+		return nil, shim.SandboxSetupError(err)
 	}
 	for i := range vm.cfg.Shares {
-		if err := s.startVirtiofsd(vm, i); err != nil {
-			return 0, sandboxSetupError(err)
+		if err := vm.startVirtiofsd(i); err != nil {
+			return nil, shim.SandboxSetupError(err)
 		}
 	}
 	vm.plan.CloseBinds()
-	st.done("devices")
+	st.Done("devices")
 
 	// QEMU's stderr tells why it failed, when it does.
 	stderrR, stderrW, err := os.Pipe()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	go vm.collectQEMUErrors(stderrR)
 	consoleR, consoleW, err := os.Pipe()
 	if err != nil {
 		stderrW.Close()
-		return 0, err
+		return nil, err
 	}
-	go s.copyConsole(consoleR, filepath.Join(vm.cfg.Dir, "console.log"))
+	go h.CopyConsole(consoleR, filepath.Join(vm.cfg.Dir, "console.log"))
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		stderrW.Close()
 		consoleW.Close()
-		return 0, err
+		return nil, err
 	}
 	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
-	launcher, exitStatus, execErr, err := s.startInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		[3]*os.File{devnull, consoleW, stderrW}, nil)
 	devnull.Close()
 	stderrW.Close()
 	consoleW.Close()
 	if err != nil {
-		return 0, sandboxSetupError(err)
+		return nil, shim.SandboxSetupError(err)
 	}
 	if execErr != "" {
-		return 0, sandboxSetupError(errors.New(execErr))
+		return nil, shim.SandboxSetupError(errors.New(execErr))
 	}
-	vm.launcher = launcher
-	st.done("qemu")
-	fail := func(err error) (int, error) {
-		syscall.Kill(launcher, syscall.SIGKILL)
+	vm.launcher, vm.exited = launcher, exitStatus
+	st.Done("qemu")
+	fail := func(err error) (shim.Run, error) {
+		h.Signal(launcher, syscall.SIGKILL)
 		<-exitStatus
 		if msg := vm.qemuErrors(); msg != "" {
 			err = fmt.Errorf("%w; qemu: %s", err, msg)
 		}
-		return 0, sandboxSetupError(err)
+		return nil, shim.SandboxSetupError(err)
 	}
 	if err := vm.connect(exitStatus); err != nil {
 		return fail(err)
 	}
-	st.done("boot")
+	st.Done("boot")
 	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
 	defer cancel()
 	if _, err := vm.agent.Setup(ctx, vm.setupRequest()); err != nil {
 		return fail(fmt.Errorf("guest setup: %w", err))
 	}
-	st.done("setup")
+	st.Done("setup")
 
 	stdin, stdout, stderr, err := vm.openStdio(ctx)
 	if err != nil {
@@ -160,39 +167,51 @@ func (s *service) launchVM() (pid int, retErr error) {
 		stderr.Close()
 		return fail(fmt.Errorf("start the runtime in the guest: %w", err))
 	}
-	var copiers sync.WaitGroup
-	copiers.Add(2)
-	go s.copyOutput(stdout, outputlog.Stdout, &copiers)
-	go s.copyOutput(stderr, outputlog.Stderr, &copiers)
-	s.mu.Lock()
-	s.vm = vm
-	s.mu.Unlock()
-	s.running(launcher, launcher, 0, stdin, st)
-
-	go func() {
-		state, code, reason := vm.wait(exitStatus, &copiers)
-		s.closeStdin()
-		vm.stop()
-		s.finish(state, code, reason)
-		close(s.cleanedUp)
-	}()
-	return launcher, nil
+	vm.copiers.Add(2)
+	go h.CopyOutput(stdout, outputlog.Stdout, &vm.copiers)
+	go h.CopyOutput(stderr, outputlog.Stderr, &vm.copiers)
+	h.Running(vm, launcher, stdin, st, logrus.Fields{"launcher": launcher})
+	return vm, nil
 }
 
-// startVMNetwork listens where QEMU's NIC connects and serves the VM's
+// Signal passes a signal to the runtime in the guest (all: every process
+// the guest agent started). A SIGKILL the guest agent cannot deliver ends
+// the VM from the host.
+func (vm *vmRun) Signal(sig syscall.Signal, all bool) error {
+	err := vm.signal(sig, all)
+	if err != nil && sig == syscall.SIGKILL {
+		vm.h.Log().WithError(err).Warn("SIGKILL: the guest agent did not answer; killing QEMU")
+		vm.killQEMU()
+		return nil
+	}
+	return err
+}
+
+// Wait follows the run to its end and releases its host side.
+func (vm *vmRun) Wait() shim.Exit {
+	state, code, reason := vm.wait(vm.exited, &vm.copiers)
+	vm.h.CloseStdin()
+	vm.stop()
+	return shim.Exit{State: state, Code: code, Reason: reason}
+}
+
+// Release has nothing left to free: stop did, the VM being gone.
+func (vm *vmRun) Release() {}
+
+// startNetwork listens where QEMU's NIC connects and serves the VM's
 // user-mode network, judged by the session's policy.
-func (s *service) startVMNetwork(vm *vmRun) error {
-	sb := s.rec.Spec.Sandbox
+func (vm *vmRun) startNetwork() error {
+	sb := vm.h.Session().Spec.Sandbox
 	policy, err := netpolicy.New(sb.AllowedDomains, sb.DeniedDomains)
 	if err != nil {
 		return fmt.Errorf("network policy: %w", err)
 	}
-	vm.violations = openViolationLog(s.dir, s.log)
+	vm.violations = vm.h.Violations()
 	vm.network, err = vmnet.New(vmnet.Config{
 		Policy:      policy,
-		Resolver:    resolver(sb.Resolver),
-		OnViolation: vm.violations.add,
-		Logf:        s.log.Debugf,
+		Resolver:    netpolicy.Resolver(sb.Resolver),
+		OnViolation: vm.violations.Add,
+		Logf:        vm.h.Log().Debugf,
 	})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
@@ -218,10 +237,10 @@ func (s *service) startVMNetwork(vm *vmRun) error {
 // ones as srt protects its writable roots: their git directories and
 // protected names are bound read-only in the view of the virtiofsd that
 // serves them, where the guest cannot undo it.
-func (s *service) protectShares(vm *vmRun) error {
-	sb, shares := s.rec.Spec.Sandbox, vm.cfg.Shares
+func (vm *vmRun) protectShares() error {
+	sb, shares := vm.h.Session().Spec.Sandbox, vm.cfg.Shares
 	if sb == nil || len(shares) < 4 {
-		return fmt.Errorf("session %s: the VM lacks the agent's directories", s.rec.ID)
+		return fmt.Errorf("session %s: the VM lacks the agent's directories", vm.h.Session().ID)
 	}
 	dirs, err := protect.OpenAgentDirs(sb.AgentDir, sb.SharedWorkspace, shares[0].Source, shares[1].Source, shares[2].Source, shares[3].Source)
 	if err != nil {
@@ -274,7 +293,7 @@ func (s *service) protectShares(vm *vmRun) error {
 
 // startVirtiofsd starts the daemon serving share i, confined in bwrap with
 // the share bound from its fd (see microvm.Config.VirtiofsdLaunch).
-func (s *service) startVirtiofsd(vm *vmRun, i int) error {
+func (vm *vmRun) startVirtiofsd(i int) error {
 	sh := vm.cfg.Shares[i]
 	sock := vm.cfg.ShareSocket(i)
 	os.Remove(sock)
@@ -301,10 +320,10 @@ func (s *service) startVirtiofsd(vm *vmRun, i int) error {
 	if err != nil {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
-	go s.logHelper(msgR, "virtiofsd", sh.Tag)
+	go vm.h.LogHelper(msgR, "virtiofsd", sh.Tag)
 	attr := &os.ProcAttr{Files: append([]*os.File{nil, msgW, msgW}, files...),
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
-	pid, exited, err := s.spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
+	pid, exited, err := vm.h.Spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
 	msgW.Close()
 	if err != nil {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
@@ -425,7 +444,7 @@ func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGrou
 			// The output's streams end when the guest agent closes
 			// them; a guest process still holding them is cut off by
 			// the power-off.
-			waitTimeout(copiers, drainTimeout)
+			shim.WaitTimeout(copiers, shim.DrainTimeout)
 			ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
 			vm.agent.Shutdown(ctx, &vmagentv1.ShutdownRequest{})
 			cancel()
@@ -486,7 +505,7 @@ func (vm *vmRun) signal(sig syscall.Signal, all bool) error {
 
 // killQEMU ends the VM at once, from the host: bwrap takes QEMU with it.
 func (vm *vmRun) killQEMU() {
-	vm.reaper.signal(vm.launcher, syscall.SIGKILL)
+	vm.h.Signal(vm.launcher, syscall.SIGKILL)
 }
 
 // stop releases the run's host side: the agent connection, the network,
@@ -505,12 +524,12 @@ func (vm *vmRun) stop() {
 		vm.network.Close()
 	}
 	for _, p := range vm.helpers {
-		vm.reaper.signal(p, syscall.SIGKILL)
+		vm.h.Signal(p, syscall.SIGKILL)
 	}
 	for _, ex := range vm.helperEx {
 		select {
 		case <-ex:
-		case <-time.After(killTimeout):
+		case <-time.After(shim.KillTimeout):
 		}
 	}
 	for _, rp := range vm.shares {
@@ -522,12 +541,14 @@ func (vm *vmRun) stop() {
 		// The guest and virtiofsd are gone: what the run left in
 		// repositories it created is final, and the placeholders may go.
 		if vm.violations != nil {
-			vm.violations.addFindings(vm.plan.Audit())
+			for _, f := range vm.plan.Audit() {
+				vm.violations.AddFile(f.Path, f.Reason)
+			}
 		}
 		vm.plan.Release()
 	}
 	if vm.violations != nil {
-		vm.violations.close()
+		vm.violations.Close()
 	}
 	os.RemoveAll(vm.cfg.RunDir)
 }

@@ -1,8 +1,11 @@
-package shim
+// Package srt is the srt strategy's runner: the host runner's process in a
+// bubblewrap sandbox (package sandbox) under a seccomp filter (seccomp) and
+// Landlock, whose only network is the policy proxy (proxy) the shim serves
+// on listeners sandbox-exec hands out of the sandbox.
+package srt
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -14,12 +17,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
+	"github.com/agentconnect-md/agentconnect/shim"
+	"github.com/agentconnect-md/agentconnect/strategy/host"
 	"github.com/agentconnect-md/agentconnect/strategy/srt/proxy"
 	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
@@ -27,6 +34,11 @@ import (
 
 // sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.
 const sandboxReadyTimeout = 20 * time.Second
+
+// Runner runs srt sessions: the host runner, in a sandbox per run.
+func Runner() host.Runner {
+	return host.Runner{NewBoundary: func() host.Boundary { return &srtRun{} }}
+}
 
 // srtRun is the shim's side of one srt sandbox: the files bwrap and
 // sandbox-exec get, and what they report back.
@@ -40,7 +52,7 @@ type srtRun struct {
 	listenersR *os.File
 	execErrR   *os.File
 	proxy      *proxy.Server
-	violations *violationLog
+	violations *shim.Violations
 
 	mu        sync.Mutex // guards the fields below
 	listeners []net.Listener
@@ -48,12 +60,11 @@ type srtRun struct {
 	ready     bool // sandbox-exec ran: bwrap built the sandbox
 }
 
-// prepareSRT builds the boundary and the pipes for a run; stderr is the
+// Prepare builds the boundary and the pipes for a run; stderr is the
 // runtime's stderr (fd 6 in the sandbox).
-func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
-	spec := s.rec.Spec
+func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr error) {
+	spec := h.Session().Spec
 	sb := spec.Sandbox
-	r := &srtRun{}
 	var opened []*os.File
 	defer func() {
 		if retErr != nil {
@@ -76,20 +87,20 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 	var statusW, execErrW, seccompR, seccompW *os.File
 	var err error
 	if r.setupR, r.setupW, err = pair(); err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
 	if r.statusR, statusW, err = pair(); err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
 	if r.execErrR, execErrW, err = pair(); err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
 	if seccompR, seccompW, err = pair(); err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return host.Launch{}, fmt.Errorf("socketpair: %w", err)
 	}
 	r.listenersR = os.NewFile(uintptr(fds[0]), "listeners")
 	listenersW := os.NewFile(uintptr(fds[1]), "listeners-sandbox")
@@ -99,7 +110,7 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 	// program that does not load stops bwrap, and the run).
 	prog, err := seccomp.Program(seccomp.Options{NestedSandbox: sb.NestedSandbox})
 	if err != nil {
-		return nil, fmt.Errorf("seccomp: %w", err)
+		return host.Launch{}, fmt.Errorf("seccomp: %w", err)
 	}
 	buf := make([]byte, 0, 8*len(prog))
 	for _, ins := range prog {
@@ -108,17 +119,17 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		buf = binary.LittleEndian.AppendUint32(buf, ins.K)
 	}
 	if _, err := seccompW.Write(buf); err != nil {
-		return nil, fmt.Errorf("seccomp: %w", err)
+		return host.Launch{}, fmt.Errorf("seccomp: %w", err)
 	}
 	seccompW.Close()
 
 	policy, err := netpolicy.New(sb.AllowedDomains, sb.DeniedDomains)
 	if err != nil {
-		return nil, fmt.Errorf("network policy: %w", err)
+		return host.Launch{}, fmt.Errorf("network policy: %w", err)
 	}
 	exe, err := os.OpenFile("/proc/self/exe", unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
 	defer exe.Close()
 	mounts := make([]sandbox.Mount, len(sb.Mounts))
@@ -133,37 +144,29 @@ func (s *service) prepareSRT(stderr *os.File) (_ *srtRun, retErr error) {
 		Ledger: protect.LedgerPath(sb.DaemonHome),
 	}, exe, true)
 	if err != nil {
-		return nil, err
+		return host.Launch{}, err
 	}
-	r.violations = openViolationLog(s.dir, s.log)
-	r.proxy = &proxy.Server{
-		Policy:      policy,
-		Resolver:    resolver(sb.Resolver),
-		OnViolation: r.violations.add,
-		Logf:        s.log.Debugf,
-	}
-	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
-	return r, nil
-}
-
-// resolver is the DNS the proxy asks: a given server, or the system's.
-func resolver(server string) *net.Resolver {
-	if server == "" {
-		return net.DefaultResolver
-	}
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, server)
-	}}
-}
-
-// argv is the launcher's command: bwrap with the boundary.
-func (r *srtRun) argv() ([]string, error) {
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
-		return nil, fmt.Errorf("sandbox setup: bwrap is not installed: %w", err)
+		return host.Launch{}, fmt.Errorf("bwrap is not installed: %w", err)
 	}
-	return append([]string{"agentconnect-shim", "init", "--", bwrap}, r.boundary.Args...), nil
+	r.violations = h.Violations()
+	r.proxy = &proxy.Server{
+		Policy:      policy,
+		Resolver:    netpolicy.Resolver(sb.Resolver),
+		OnViolation: r.violations.Add,
+		Logf:        h.Log().Debugf,
+	}
+	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
+	// bwrap's own stderr is the setup pipe; the runtime's is fd 6. Its
+	// only network is the proxy: the proxy variables point at it.
+	return host.Launch{
+		Argv:   append([]string{"agentconnect-shim", "init", "--", bwrap}, r.boundary.Args...),
+		Env:    session.MergeEnv(spec.Env, sandbox.ProxyEnv()),
+		Stderr: r.setupW,
+		Extra:  r.childFiles,
+		Close:  r.closeChildEnds,
+	}, nil
 }
 
 // closeChildEnds closes the shim's copies of what the sandbox got.
@@ -174,14 +177,24 @@ func (r *srtRun) closeChildEnds() {
 	}
 }
 
-// started follows the sandbox once bwrap runs: it collects bwrap's own
+// Started follows the sandbox once bwrap runs: it collects bwrap's own
 // messages and waits for sandbox-exec to hand over the proxy listeners,
 // which it then serves. sandbox-exec running is the sign that bwrap built
 // the sandbox (bwrap reports its pid before it sets up the mounts). It
-// returns the pids of the sandbox's init (bwrap's reaper) and of the
-// runtime. It fails with errSandboxEnded when the sandbox ended before it
-// came up (its exit says why), and with a timeout error when it did not come
-// up within sandboxReadyTimeout: the caller then kills what was started.
+// returns the runtime's pid, and the sandbox's init (bwrap's reaper) to
+// spare from a graceful signal: like bwrap itself it dies of one without
+// passing it on, taking the sandbox down at once. It fails with
+// errSandboxEnded when the sandbox ended before it came up (its exit says
+// why, see Failed), and with a timeout error when it did not come up within
+// sandboxReadyTimeout: the caller then kills what was started.
+func (r *srtRun) Started(_ *shim.Host, _ int) (runtimePID int, spare []int, err error) {
+	nsInit, runtimePID, err := r.started()
+	if err != nil {
+		return 0, nil, err
+	}
+	return runtimePID, []int{nsInit}, nil
+}
+
 func (r *srtRun) started() (nsInit, runtimePID int, err error) {
 	go func() {
 		sc := bufio.NewScanner(io.LimitReader(r.setupR, 64<<10))
@@ -304,9 +317,9 @@ func (r *srtRun) receiveListeners() bool {
 	return true
 }
 
-// exit interprets the launcher's exit: what sandbox-exec reported, a
+// Exit interprets the launcher's exit: what sandbox-exec reported, a
 // sandbox bwrap could not set up, or the runtime's own exit.
-func (r *srtRun) exit(code int) (int, string, bool) {
+func (r *srtRun) Exit(code int) (int, string, bool) {
 	msg, _ := io.ReadAll(io.LimitReader(r.execErrR, 4096))
 	r.execErrR.Close()
 	if len(msg) > 0 {
@@ -328,8 +341,9 @@ func (r *srtRun) exit(code int) (int, string, bool) {
 	return 0, "", false
 }
 
-// stop closes the proxy listeners and what is left open.
-func (r *srtRun) stop() {
+// Stop closes the proxy listeners and what is left open, and records what
+// the run left for host tools in repositories it created.
+func (r *srtRun) Stop(*shim.Host) {
 	r.mu.Lock()
 	for _, l := range r.listeners {
 		l.Close()
@@ -337,7 +351,31 @@ func (r *srtRun) stop() {
 	r.mu.Unlock()
 	r.setupR.Close()
 	r.statusR.Close()
-	// The sandbox is gone: what it left in repositories it created is final.
-	r.violations.addFindings(r.boundary.Audit())
-	r.violations.close()
+	if r.violations != nil {
+		// The sandbox is gone: what it left in repositories it created
+		// is final.
+		for _, f := range r.boundary.Audit() {
+			r.violations.AddFile(f.Path, f.Reason)
+		}
+		r.violations.Close()
+	}
+}
+
+// Failed is the error of a start whose sandbox did not come up: in bwrap's
+// or sandbox-exec's words when the sandbox ended by itself.
+func (r *srtRun) Failed(ws syscall.WaitStatus, err error) error {
+	if errors.Is(err, errSandboxEnded) {
+		code, _ := shim.ExitCode(ws, "")
+		if _, reason, ok := r.Exit(code); ok {
+			return errors.New(strings.TrimPrefix(reason, "sandbox setup: "))
+		}
+	}
+	return err
+}
+
+// Release removes the placeholders when no other boundary needs them.
+func (r *srtRun) Release() {
+	if r.boundary != nil {
+		r.boundary.Release()
+	}
 }
