@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/sirupsen/logrus"
-
 )
 
 // A helper that writes without end fills the shim's log with at most

@@ -51,4 +51,3 @@ func TestReaperSignalsOnlyUnreapedChildren(t *testing.T) {
 		}
 	}
 }
-

@@ -140,7 +140,9 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	// The probes run while the sessions are recovered: adopting a shim needs
 	// no probe, and a restart with sessions alive should not wait for QEMU's.
 	probed := make(chan []probe.Result, 1)
-	go func() { probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary}) }()
+	go func() {
+		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary})
+	}()
 	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
 	if !s.cgSupport.Available {
 		log.Warnf("sessions run without cgroup limits: %s", s.cgSupport.Reason)

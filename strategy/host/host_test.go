@@ -348,4 +348,3 @@ func TestFullOutputLogRefusesARun(t *testing.T) {
 		t.Error("the runtime ran")
 	}
 }
-
