@@ -76,7 +76,9 @@ func (h *Host) Signal(pid int, sig syscall.Signal) bool { return h.s.reaper.sign
 
 // RunHelper runs a short host command (mke2fs) to its end through the
 // reaper and returns its combined output.
-func (h *Host) RunHelper(name string, args ...string) ([]byte, error) { return h.s.runHelper(name, args...) }
+func (h *Host) RunHelper(name string, args ...string) ([]byte, error) {
+	return h.s.runHelper(name, args...)
+}
 
 // StartInCgroup starts argv through "init" in its own process group and the
 // session's cgroup (see startInCgroup).
