@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -257,36 +258,29 @@ func newAgentListCommand(g *globals) *cobra.Command {
 		Short:   "List agents",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			resp, err := c.admin.ListAgents(cmd.Context(), &adminv1.ListAgentsRequest{})
-			if err != nil {
-				return err
-			}
-			if asJSON {
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, c adminv1.AdminClient) (*adminv1.ListAgentsResponse, error) {
+				return c.ListAgents(ctx, &adminv1.ListAgentsRequest{})
+			}, func(resp *adminv1.ListAgentsResponse) any {
 				out := []agentJSON{}
 				for _, a := range resp.Agents {
 					out = append(out, agentView(a))
 				}
-				return printJSON(cmd.OutOrStdout(), out)
-			}
-			rows := [][]string{{"NAME", "STRATEGY", "COMMAND", "WORKSPACE"}}
-			for _, a := range resp.Agents {
-				strat := a.Strategy
-				if !a.Offered {
-					strat += " (not offered)"
+				return out
+			}, func(w io.Writer, resp *adminv1.ListAgentsResponse) {
+				rows := [][]string{{"NAME", "STRATEGY", "COMMAND", "WORKSPACE"}}
+				for _, a := range resp.Agents {
+					strat := a.Strategy
+					if !a.Offered {
+						strat += " (not offered)"
+					}
+					ws := a.Workspace
+					if a.SharedWorkspace != "" {
+						ws = a.SharedWorkspace + " (shared)"
+					}
+					rows = append(rows, []string{a.Name, strat, strings.Join(a.Command, " "), ws})
 				}
-				ws := a.Workspace
-				if a.SharedWorkspace != "" {
-					ws = a.SharedWorkspace + " (shared)"
-				}
-				rows = append(rows, []string{a.Name, strat, strings.Join(a.Command, " "), ws})
-			}
-			table(cmd.OutOrStdout(), rows)
-			return nil
+				table(w, rows)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -300,20 +294,9 @@ func newAgentShowCommand(g *globals) *cobra.Command {
 		Short: "Show an agent",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			a, err := c.admin.GetAgent(cmd.Context(), &adminv1.GetAgentRequest{Name: args[0]})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), agentView(a))
-			}
-			printAgent(cmd.OutOrStdout(), a)
-			return nil
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, c adminv1.AdminClient) (*adminv1.Agent, error) {
+				return c.GetAgent(ctx, &adminv1.GetAgentRequest{Name: args[0]})
+			}, func(a *adminv1.Agent) any { return agentView(a) }, printAgent)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

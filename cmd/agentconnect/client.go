@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -72,6 +73,32 @@ func (g *globals) connect(ctx context.Context) (*client, error) {
 	}
 	return dial(ctx, socket)
 }
+
+// callAndPrint is the shape of most commands: connect to the daemon, make
+// one call, print what it answers, as JSON (asJSON: view's value) or as
+// text.
+func callAndPrint[T any](cmd *cobra.Command, g *globals, asJSON bool, call func(context.Context, adminv1.AdminClient) (T, error), view func(T) any, text func(io.Writer, T)) error {
+	c, err := g.connect(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	v, err := call(cmd.Context(), c.admin)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), view(v))
+	}
+	text(cmd.OutOrStdout(), v)
+	return nil
+}
+
+// printID prints a session's id, as `session start` and the like do.
+func printID(w io.Writer, s *adminv1.Session) { fmt.Fprintln(w, s.Id) }
+
+// sessionJSONOf is a session's --json view.
+func sessionJSONOf(s *adminv1.Session) any { return sessionView(s) }
 
 func unwrapSyscall(err error) error {
 	var errno syscall.Errno

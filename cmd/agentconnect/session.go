@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -29,15 +30,6 @@ reason: its shim died). Session ids may be shortened to a unique prefix.`,
 	return cmd
 }
 
-// printSession prints a session as JSON or as its id.
-func printSession(w io.Writer, s *adminv1.Session, asJSON bool) error {
-	if asJSON {
-		return printJSON(w, sessionView(s))
-	}
-	fmt.Fprintln(w, s.Id)
-	return nil
-}
-
 func newSessionStartCommand(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -52,16 +44,9 @@ weaker boundary.`,
 			if len(positional) != 1 {
 				return fmt.Errorf("give one AGENT (and the command after --)")
 			}
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			s, err := c.admin.StartSession(cmd.Context(), &adminv1.StartSessionRequest{Agent: positional[0], Command: command})
-			if err != nil {
-				return err
-			}
-			return printSession(cmd.OutOrStdout(), s, asJSON)
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, a adminv1.AdminClient) (*adminv1.Session, error) {
+				return a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: positional[0], Command: command})
+			}, sessionJSONOf, printID)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the session as JSON")
@@ -75,16 +60,9 @@ func newSessionResumeCommand(g *globals) *cobra.Command {
 		Short: "Run a stopped session again (same id, its log continues)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			s, err := c.admin.ResumeSession(cmd.Context(), &adminv1.ResumeSessionRequest{Id: args[0]})
-			if err != nil {
-				return err
-			}
-			return printSession(cmd.OutOrStdout(), s, asJSON)
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, a adminv1.AdminClient) (*adminv1.Session, error) {
+				return a.ResumeSession(ctx, &adminv1.ResumeSessionRequest{Id: args[0]})
+			}, sessionJSONOf, printID)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the session as JSON")
@@ -100,32 +78,25 @@ func newSessionListCommand(g *globals) *cobra.Command {
 		Short:   "List sessions",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			resp, err := c.admin.ListSessions(cmd.Context(), &adminv1.ListSessionsRequest{Agent: agentName})
-			if err != nil {
-				return err
-			}
-			if asJSON {
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, a adminv1.AdminClient) (*adminv1.ListSessionsResponse, error) {
+				return a.ListSessions(ctx, &adminv1.ListSessionsRequest{Agent: agentName})
+			}, func(resp *adminv1.ListSessionsResponse) any {
 				out := []sessionJSON{}
 				for _, s := range resp.Sessions {
 					out = append(out, sessionView(s))
 				}
-				return printJSON(cmd.OutOrStdout(), out)
-			}
-			rows := [][]string{{"ID", "AGENT", "STRATEGY", "STATE", "PID", "EXIT", "CREATED"}}
-			for _, s := range resp.Sessions {
-				exit := "-"
-				if s.State != "running" {
-					exit = strconv.Itoa(int(s.ExitCode))
+				return out
+			}, func(w io.Writer, resp *adminv1.ListSessionsResponse) {
+				rows := [][]string{{"ID", "AGENT", "STRATEGY", "STATE", "PID", "EXIT", "CREATED"}}
+				for _, s := range resp.Sessions {
+					exit := "-"
+					if s.State != "running" {
+						exit = strconv.Itoa(int(s.ExitCode))
+					}
+					rows = append(rows, []string{s.Id, s.Agent, s.Strategy, s.State, strconv.Itoa(int(s.Pid)), exit, ago(s.CreatedAt)})
 				}
-				rows = append(rows, []string{s.Id, s.Agent, s.Strategy, s.State, strconv.Itoa(int(s.Pid)), exit, ago(s.CreatedAt)})
-			}
-			table(cmd.OutOrStdout(), rows)
-			return nil
+				table(w, rows)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -140,40 +111,33 @@ func newSessionShowCommand(g *globals) *cobra.Command {
 		Short: "Show a session",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			s, err := c.admin.GetSession(cmd.Context(), &adminv1.GetSessionRequest{Id: args[0]})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), sessionView(s))
-			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "id:        %s\nagent:     %s\nstrategy:  %s\nstate:     %s\n", s.Id, s.Agent, s.Strategy, s.State)
-			if s.State == "running" {
-				fmt.Fprintf(w, "pid:       %d (shim %d)\n", s.Pid, s.ShimPid)
-			} else {
-				fmt.Fprintf(w, "exit code: %d\n", s.ExitCode)
-			}
-			if s.Reason != "" {
-				fmt.Fprintf(w, "reason:    %s\n", s.Reason)
-			}
-			fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\n",
-				s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits)
-			if u := s.Usage; u != nil {
-				fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
-			}
-			fmt.Fprintf(w, "created:   %s\n", timeString(s.CreatedAt))
-			printViolations(w, s)
-			return nil
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, a adminv1.AdminClient) (*adminv1.Session, error) {
+				return a.GetSession(ctx, &adminv1.GetSessionRequest{Id: args[0]})
+			}, sessionJSONOf, printSessionText)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// printSessionText is `session show`'s text.
+func printSessionText(w io.Writer, s *adminv1.Session) {
+	fmt.Fprintf(w, "id:        %s\nagent:     %s\nstrategy:  %s\nstate:     %s\n", s.Id, s.Agent, s.Strategy, s.State)
+	if s.State == "running" {
+		fmt.Fprintf(w, "pid:       %d (shim %d)\n", s.Pid, s.ShimPid)
+	} else {
+		fmt.Fprintf(w, "exit code: %d\n", s.ExitCode)
+	}
+	if s.Reason != "" {
+		fmt.Fprintf(w, "reason:    %s\n", s.Reason)
+	}
+	fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\n",
+		s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits)
+	if u := s.Usage; u != nil {
+		fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
+	}
+	fmt.Fprintf(w, "created:   %s\n", timeString(s.CreatedAt))
+	printViolations(w, s)
 }
 
 // shownViolations is how many kinds of refusal `session show` prints;
@@ -255,16 +219,9 @@ func newSessionStopCommand(g *globals) *cobra.Command {
 		Short: "End a session's run (SIGTERM, then SIGKILL) and keep the session",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			s, err := c.admin.StopSession(cmd.Context(), &adminv1.StopSessionRequest{Id: args[0], TimeoutSeconds: timeout})
-			if err != nil {
-				return err
-			}
-			return printSession(cmd.OutOrStdout(), s, asJSON)
+			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, a adminv1.AdminClient) (*adminv1.Session, error) {
+				return a.StopSession(ctx, &adminv1.StopSessionRequest{Id: args[0], TimeoutSeconds: timeout})
+			}, sessionJSONOf, printID)
 		},
 	}
 	cmd.Flags().Uint32VarP(&timeout, "timeout", "t", 10, "seconds to wait after SIGTERM before SIGKILL")
