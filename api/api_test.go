@@ -12,7 +12,7 @@ import (
 
 var generated = []string{
 	"admin/v1/admin.pb.go", "admin/v1/admin_ttrpc.pb.go",
-	"shim/v1/shim.pb.go", "shim/v1/shim_ttrpc.pb.go",
+	"shim/v1/internal/shimpb/shim.pb.go", "shim/v1/internal/shimpb/shim_ttrpc.pb.go",
 	"vmagent/v1/vmagent.pb.go", "vmagent/v1/vmagent_ttrpc.pb.go",
 }
 

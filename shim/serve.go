@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
@@ -22,6 +21,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
@@ -30,9 +30,6 @@ import (
 // supervisor to collect the exit (Wait, then Shutdown) before it exits on its
 // own. The exit is in status.json either way.
 const exitLinger = 5 * time.Second
-
-// replyGrace is the pause before the server shuts down (see serve).
-const replyGrace = 50 * time.Millisecond
 
 // shutdownGrace bounds how long an exiting shim waits for in-flight calls
 // (a Wait about to return the exit) before it closes its connections.
@@ -80,12 +77,9 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	sigterm := make(chan os.Signal, 1)
 	signal.Notify(sigterm, syscall.SIGTERM, syscall.SIGINT)
 
-	srv, err := ttrpc.NewServer(ttrpc.WithServerHandshaker(ttrpc.UnixSocketRequireSameUser()))
-	if err != nil {
-		return fail(err)
-	}
+	srv := ttrpclite.NewServer(true) // the supervisor runs as this shim's user
 	shimv1.RegisterShimService(srv, svc)
-	go srv.Serve(context.Background(), l)
+	go srv.Serve(l)
 
 	start, _ := procstat.StartTime(os.Getpid())
 	if err := dir.WriteBootstrap(&session.Bootstrap{
@@ -119,11 +113,6 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 			}
 		}
 	}
-	// ttrpc counts a call as in flight only once its handler has started, so
-	// a server shut down right after a handler ran can close the connection
-	// before that handler's reply is written: the Shutdown call itself would
-	// fail. A moment's pause lets the last replies go out.
-	time.Sleep(replyGrace)
 	select {
 	case <-svc.exited: // a run ended: its leftovers go before the shim does
 		<-svc.cleanedUp

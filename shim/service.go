@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
@@ -22,7 +21,8 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
-// service is the shim's ttrpc service and the state of the one run it owns.
+// service is the shim's ttrpc service (its errors travel as their errdefs
+// kinds) and the state of the one run it owns.
 type service struct {
 	rec    *session.Record
 	dir    session.Dir
@@ -74,8 +74,8 @@ func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log
 
 func (s *service) Handshake(_ context.Context, req *shimv1.HandshakeRequest) (*shimv1.HandshakeResponse, error) {
 	if req.ApiVersion < shimv1.MinAPIVersion {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition(
-			"shim API version %d is too old for this shim (it speaks %d to %d)", req.ApiVersion, shimv1.MinAPIVersion, shimv1.APIVersion))
+		return nil, errdefs.FailedPrecondition(
+			"shim API version %d is too old for this shim (it speaks %d to %d)", req.ApiVersion, shimv1.MinAPIVersion, shimv1.APIVersion)
 	}
 	return &shimv1.HandshakeResponse{
 		ApiVersion: shimv1.APIVersion, ShimVersion: version.Version,
@@ -88,7 +88,7 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 	if s.status != shimv1.Status_CREATED {
 		st := s.status
 		s.mu.Unlock()
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s: cannot start a run that is %s", s.rec.ID, strings.ToLower(st.String())))
+		return nil, errdefs.FailedPrecondition("session %s: cannot start a run that is %s", s.rec.ID, strings.ToLower(st.String()))
 	}
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
 	s.mu.Unlock()
@@ -97,7 +97,7 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 		err := errdefs.FailedPrecondition("%s: session %s's output.log is full; start a new session", s.outputLimitReason(), s.rec.ID)
 		s.finish(session.Exited, -1, err.Error())
 		close(s.cleanedUp)
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	run, err := s.launch()
 	if err != nil {
@@ -111,7 +111,7 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 		}
 		s.finish(session.Exited, -1, err.Error())
 		close(s.cleanedUp)
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	go func() {
 		exit := run.Wait()
@@ -143,18 +143,15 @@ func (s *service) State(context.Context, *shimv1.StateRequest) (*shimv1.StateRes
 	resp := &shimv1.StateResponse{
 		SessionId: s.rec.ID, Run: s.rec.Run, Status: s.status,
 		ShimPid: uint32(os.Getpid()), Pid: uint32(s.pid),
-		Limits: s.rec.Spec.LimitsNote,
+		Limits: s.rec.Spec.LimitsNote, StartedAt: s.startedAt,
 	}
 	if len(s.cg.Dirs) > 0 {
 		resp.Cgroup = s.cg.Dirs[0]
 	}
-	if !s.startedAt.IsZero() {
-		resp.StartedAt = timestamppb.New(s.startedAt)
-	}
 	if s.exit != nil {
 		resp.ExitCode = int32(s.exit.ExitCode)
 		resp.Reason = s.exit.Reason
-		resp.ExitedAt = timestamppb.New(s.exit.ExitedAt)
+		resp.ExitedAt = s.exit.ExitedAt
 	}
 	return resp, nil
 }
@@ -166,10 +163,10 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 	}
 	run := s.current()
 	if run == nil {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is not running", s.rec.ID))
+		return nil, errdefs.FailedPrecondition("session %s is not running", s.rec.ID)
 	}
 	if err := run.Signal(sig, req.All); err != nil {
-		return nil, errdefs.ToStatus(fmt.Errorf("signal the runtime of session %s: %w", s.rec.ID, err))
+		return nil, fmt.Errorf("signal the runtime of session %s: %w", s.rec.ID, err)
 	}
 	return &shimv1.KillResponse{}, nil
 }
@@ -201,18 +198,18 @@ func (s *service) Wait(ctx context.Context, _ *shimv1.WaitRequest) (*shimv1.Wait
 	select {
 	case <-s.exited:
 	case <-ctx.Done():
-		return nil, errdefs.ToStatus(ctx.Err())
+		return nil, ctx.Err()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return &shimv1.WaitResponse{
-		ExitCode: int32(s.exit.ExitCode), Reason: s.exit.Reason, ExitedAt: timestamppb.New(s.exit.ExitedAt),
+		ExitCode: int32(s.exit.ExitCode), Reason: s.exit.Reason, ExitedAt: s.exit.ExitedAt,
 	}, nil
 }
 
 func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest) (*shimv1.WriteStdinResponse, error) {
 	if len(req.Data) > shimv1.MaxStdinWrite {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
+		return nil, errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite)
 	}
 	s.stdinMu.Lock()
 	defer s.stdinMu.Unlock()
@@ -220,10 +217,10 @@ func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest)
 	f, closed := s.stdin, s.stdinClosed
 	s.mu.Unlock()
 	if f == nil {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s has not started", s.rec.ID))
+		return nil, errdefs.FailedPrecondition("session %s has not started", s.rec.ID)
 	}
 	if closed {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("stdin of session %s is closed", s.rec.ID))
+		return nil, errdefs.FailedPrecondition("stdin of session %s is closed", s.rec.ID)
 	}
 	// A runtime that does not read blocks the write; the caller's deadline
 	// or cancellation ends it.
@@ -243,7 +240,7 @@ func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest)
 		case errors.Is(err, os.ErrClosed):
 			err = errdefs.FailedPrecondition("stdin of session %s is closed", s.rec.ID)
 		}
-		return &shimv1.WriteStdinResponse{Written: uint32(n)}, errdefs.ToStatus(err)
+		return &shimv1.WriteStdinResponse{Written: uint32(n)}, err
 	}
 	return &shimv1.WriteStdinResponse{Written: uint32(n)}, nil
 }
@@ -261,7 +258,7 @@ func (s *service) CloseStdin(context.Context, *shimv1.CloseStdinRequest) (*shimv
 
 func (s *service) Stats(context.Context, *shimv1.StatsRequest) (*shimv1.StatsResponse, error) {
 	if len(s.cg.Dirs) == 0 {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s has no cgroup: %s", s.rec.ID, s.rec.Spec.LimitsNote))
+		return nil, errdefs.FailedPrecondition("session %s has no cgroup: %s", s.rec.ID, s.rec.Spec.LimitsNote)
 	}
 	st := s.cg.Stats()
 	return &shimv1.StatsResponse{MemoryBytes: st.MemoryBytes, Pids: st.Pids, CpuUsageNs: st.CPUUsageNs}, nil
@@ -272,7 +269,7 @@ func (s *service) Shutdown(context.Context, *shimv1.ShutdownRequest) (*shimv1.Sh
 	st := s.status
 	s.mu.Unlock()
 	if st == shimv1.Status_RUNNING {
-		return nil, errdefs.ToStatus(errdefs.FailedPrecondition("session %s is running: stop it first", s.rec.ID))
+		return nil, errdefs.FailedPrecondition("session %s is running: stop it first", s.rec.ID)
 	}
 	s.stopOnce.Do(func() { close(s.shutdown) })
 	return &shimv1.ShutdownResponse{}, nil

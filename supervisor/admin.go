@@ -12,6 +12,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
@@ -53,22 +54,22 @@ func (a *adminService) Status(context.Context, *adminv1.StatusRequest) (*adminv1
 
 func (a *adminService) CreateAgent(_ context.Context, req *adminv1.CreateAgentRequest) (*adminv1.Agent, error) {
 	if req.Agent == nil {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("no agent given"))
+		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("no agent given"))
 	}
 	ag, err := a.s.createAgent(agentFromProto(req.Agent))
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return a.agentToProto(ag), nil
 }
 
 func (a *adminService) UpdateAgent(_ context.Context, req *adminv1.UpdateAgentRequest) (*adminv1.Agent, error) {
 	if req.Agent == nil {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("no agent given"))
+		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("no agent given"))
 	}
 	ag, err := a.s.updateAgent(req.Name, agentFromProto(req.Agent))
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return a.agentToProto(ag), nil
 }
@@ -76,7 +77,7 @@ func (a *adminService) UpdateAgent(_ context.Context, req *adminv1.UpdateAgentRe
 func (a *adminService) GetAgent(_ context.Context, req *adminv1.GetAgentRequest) (*adminv1.Agent, error) {
 	ag, err := a.s.getAgent(req.Name)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return a.agentToProto(ag), nil
 }
@@ -91,18 +92,18 @@ func (a *adminService) ListAgents(context.Context, *adminv1.ListAgentsRequest) (
 
 func (a *adminService) DeleteAgent(_ context.Context, req *adminv1.DeleteAgentRequest) (*adminv1.DeleteAgentResponse, error) {
 	if err := a.s.deleteAgent(req.Name); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.DeleteAgentResponse{}, nil
 }
 
 func (a *adminService) StartSession(_ context.Context, req *adminv1.StartSessionRequest) (*adminv1.Session, error) {
 	if len(req.Command) > 0 && req.Command[0] == "" {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("empty command"))
+		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("empty command"))
 	}
 	v, err := a.s.startSession(req.Agent, req.Command)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return sessionToProto(v), nil
 }
@@ -110,7 +111,7 @@ func (a *adminService) StartSession(_ context.Context, req *adminv1.StartSession
 func (a *adminService) ResumeSession(_ context.Context, req *adminv1.ResumeSessionRequest) (*adminv1.Session, error) {
 	v, err := a.s.resumeSession(req.Id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return sessionToProto(v), nil
 }
@@ -126,7 +127,7 @@ func (a *adminService) ListSessions(_ context.Context, req *adminv1.ListSessions
 func (a *adminService) GetSession(ctx context.Context, req *adminv1.GetSessionRequest) (*adminv1.Session, error) {
 	ss, err := a.s.lookupSession(req.Id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	p := sessionToProto(ss.view())
 	vs := readViolations(ss.dir)
@@ -151,7 +152,7 @@ func (a *adminService) GetSession(ctx context.Context, req *adminv1.GetSessionRe
 func (a *adminService) StopSession(_ context.Context, req *adminv1.StopSessionRequest) (*adminv1.Session, error) {
 	v, err := a.s.stopSession(req.Id, time.Duration(req.TimeoutSeconds)*time.Second)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return sessionToProto(v), nil
 }
@@ -162,10 +163,10 @@ func (a *adminService) KillSession(_ context.Context, req *adminv1.KillSessionRe
 		sig = syscall.SIGKILL
 	}
 	if sig < 1 || sig > 64 {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("signal %d: want 1 to 64", req.Signal))
+		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("signal %d: want 1 to 64", req.Signal))
 	}
 	if err := a.s.killSession(req.Id, sig); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.KillSessionResponse{}, nil
 }
@@ -173,38 +174,38 @@ func (a *adminService) KillSession(_ context.Context, req *adminv1.KillSessionRe
 func (a *adminService) WaitSession(ctx context.Context, req *adminv1.WaitSessionRequest) (*adminv1.Session, error) {
 	v, err := a.s.waitSession(ctx, req.Id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return sessionToProto(v), nil
 }
 
 func (a *adminService) RemoveSession(_ context.Context, req *adminv1.RemoveSessionRequest) (*adminv1.RemoveSessionResponse, error) {
 	if err := a.s.removeSession(req.Id, req.Force); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.RemoveSessionResponse{}, nil
 }
 
 func (a *adminService) WriteStdin(ctx context.Context, req *adminv1.WriteStdinRequest) (*adminv1.WriteStdinResponse, error) {
 	if len(req.Data) > shimv1.MaxStdinWrite {
-		return nil, errdefs.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
+		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
 	}
 	n, err := a.s.writeStdin(ctx, req.Id, req.Data)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.WriteStdinResponse{Written: uint32(n)}, nil
 }
 
 func (a *adminService) CloseStdin(ctx context.Context, req *adminv1.CloseStdinRequest) (*adminv1.CloseStdinResponse, error) {
 	if err := a.s.closeStdin(ctx, req.Id); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.CloseStdinResponse{}, nil
 }
 
 func (a *adminService) Attach(ctx context.Context, req *adminv1.AttachRequest, srv adminv1.Admin_AttachServer) error {
-	return errdefs.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, srv.Send))
+	return rpcstatus.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, srv.Send))
 }
 
 func (a *adminService) Events(ctx context.Context, req *adminv1.EventsRequest, srv adminv1.Admin_EventsServer) error {
@@ -227,7 +228,7 @@ func (a *adminService) Events(ctx context.Context, req *adminv1.EventsRequest, s
 		select {
 		case e, ok := <-next:
 			if !ok {
-				return errdefs.ToStatus(errdefs.ResourceExhausted("events: this reader fell more than %d events behind", subscriberBuffer))
+				return rpcstatus.ToStatus(errdefs.ResourceExhausted("events: this reader fell more than %d events behind", subscriberBuffer))
 			}
 			if err := srv.Send(eventToProto(e)); err != nil {
 				return err

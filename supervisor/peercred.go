@@ -17,6 +17,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 )
 
 const (
@@ -215,7 +216,7 @@ func (s *Supervisor) guard(ctx context.Context, l net.Listener) (net.Listener, f
 	if err != nil {
 		return nil, nil, err
 	}
-	adminv1.RegisterAdminService(refuser, refusingAdmin{errdefs.ToStatus(errdefs.PermissionDenied("%s", policy.refusal()))})
+	adminv1.RegisterAdminService(refuser, refusingAdmin{rpcstatus.ToStatus(errdefs.PermissionDenied("%s", policy.refusal()))})
 	refused := &chanListener{conns: make(chan net.Conn, maxRefused), addr: l.Addr(), closed: make(chan struct{})}
 	go refuser.Serve(ctx, refused)
 	stop := func() {

@@ -173,7 +173,7 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 		}
 		ss.setRunning(conn, int(resp.Pid), time.Now())
 	case shimv1.Status_RUNNING:
-		ss.setRunning(conn, int(state.Pid), state.StartedAt.AsTime())
+		ss.setRunning(conn, int(state.Pid), state.StartedAt)
 	default:
 		// Exited: its status.json is written; collect it.
 		conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
@@ -181,7 +181,7 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 		st, _ := ss.dir.ReadStatus()
 		if st == nil || st.Run != rec.Run {
 			st = &session.Status{Run: rec.Run, State: session.Exited, ExitCode: int(state.ExitCode), Reason: state.Reason,
-				PID: int(state.Pid), StartedAt: state.StartedAt.AsTime(), ExitedAt: state.ExitedAt.AsTime()}
+				PID: int(state.Pid), StartedAt: state.StartedAt, ExitedAt: state.ExitedAt}
 		}
 		ss.setEnded(st)
 		s.removeRunLeftovers(rec)

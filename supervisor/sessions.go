@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -21,6 +20,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
@@ -351,7 +351,7 @@ func (s *Supervisor) failedStart(ss *sessionState, rec *session.Record, conn *sh
 	if answered {
 		return st
 	}
-	reason := fmt.Sprintf("start: %v; the shim (pid %d) was stopped, and what it had started", errdefs.FromStatus(startErr), boot.PID)
+	reason := fmt.Sprintf("start: %v; the shim (pid %d) was stopped, and what it had started", startErr, boot.PID)
 	if errors.Is(startErr, context.DeadlineExceeded) {
 		reason = fmt.Sprintf("the start did not finish within %v; the shim (pid %d) was stopped, and what it had started", timeout, boot.PID)
 	}
@@ -393,7 +393,7 @@ func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
 		conn.close()
 		st, rerr := ss.dir.ReadStatus()
 		if rerr != nil || st == nil || st.Run != run {
-			st = &session.Status{Run: run, State: session.Exited, ExitCode: int(resp.ExitCode), Reason: resp.Reason, ExitedAt: resp.ExitedAt.AsTime()}
+			st = &session.Status{Run: run, State: session.Exited, ExitCode: int(resp.ExitCode), Reason: resp.Reason, ExitedAt: resp.ExitedAt}
 		}
 		// The shim removes its socket and cgroup as it exits; make sure of
 		// it before the end is reported, so that nothing is left once a
@@ -537,7 +537,7 @@ func (s *Supervisor) endRun(ss *sessionState, grace time.Duration) error {
 		cancel()
 		// A run that ended meanwhile is not an error: its shim says so, or
 		// has already closed the connection.
-		if err != nil && !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) && !errors.Is(err, ttrpc.ErrClosed) {
+		if err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) && !errors.Is(err, ttrpclite.ErrClosed) {
 			s.sessionLog(ss).WithError(err).Warnf("send %v", step.sig)
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, step.wait)
@@ -562,7 +562,7 @@ func (s *Supervisor) killSession(id string, sig syscall.Signal) error {
 	ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
 	defer cancel()
 	if _, err := conn.shim.Kill(ctx, &shimv1.KillRequest{Signal: uint32(sig)}); err != nil {
-		return errdefs.FromStatus(err)
+		return err
 	}
 	return nil
 }
@@ -672,7 +672,7 @@ func (s *Supervisor) writeStdin(ctx context.Context, id string, data []byte) (in
 		if resp != nil {
 			n = int(resp.Written)
 		}
-		return n, errdefs.FromStatus(err)
+		return n, err
 	}
 	return int(resp.Written), nil
 }
@@ -687,7 +687,7 @@ func (s *Supervisor) closeStdin(ctx context.Context, id string) error {
 		return errdefs.FailedPrecondition("session %s is not running", ss.id)
 	}
 	if _, err := conn.shim.CloseStdin(ctx, &shimv1.CloseStdinRequest{}); err != nil {
-		return errdefs.FromStatus(err)
+		return err
 	}
 	return nil
 }

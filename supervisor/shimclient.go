@@ -11,12 +11,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containerd/ttrpc"
-
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
@@ -44,7 +43,7 @@ const (
 
 // shimConn is a connection to one live shim.
 type shimConn struct {
-	client    *ttrpc.Client
+	client    *ttrpclite.Client
 	shim      shimv1.ShimService
 	pid       int
 	startTime uint64
@@ -62,7 +61,7 @@ func dialShim(ctx context.Context, boot *session.Bootstrap, timeout time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("connect to shim (pid %d): %w", boot.PID, err)
 	}
-	client := ttrpc.NewClient(conn)
+	client := ttrpclite.NewClient(conn)
 	c := &shimConn{client: client, shim: shimv1.NewShimClient(client), pid: boot.PID, startTime: boot.StartTime, address: boot.Address}
 	hs, err := c.shim.Handshake(ctx, &shimv1.HandshakeRequest{ApiVersion: shimv1.APIVersion, SupervisorVersion: version.Version})
 	if err != nil {

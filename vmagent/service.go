@@ -11,6 +11,7 @@ import (
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
@@ -188,5 +189,5 @@ func checkID(id string) error {
 // errorsToStatus is the one place errors become ttrpc statuses.
 func errorsToStatus(ctx context.Context, unmarshal ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
 	resp, err := method(ctx, unmarshal)
-	return resp, errdefs.ToStatus(err)
+	return resp, rpcstatus.ToStatus(err)
 }

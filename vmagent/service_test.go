@@ -22,6 +22,7 @@ import (
 
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
@@ -192,7 +193,7 @@ func (ta *testAgent) signal(id string, sig unix.Signal, all bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := ta.api.Signal(ctx, &vmagentv1.SignalRequest{Id: id, Signal: uint32(sig), All: all})
-	return errdefs.FromStatus(err)
+	return rpcstatus.FromStatus(err)
 }
 
 func TestExecOutputAndExitCode(t *testing.T) {
@@ -271,7 +272,7 @@ func TestExecRefusesBadRequests(t *testing.T) {
 		{Id: "x6", Args: []string{"a\x00b"}},
 	} {
 		_, err := ta.api.Exec(ctx, req)
-		if !errors.Is(errdefs.FromStatus(err), errdefs.ErrInvalidArgument) {
+		if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrInvalidArgument) {
 			t.Errorf("Exec(%+v) = %v, want an invalid-argument error", req, err)
 		}
 	}
@@ -282,7 +283,7 @@ func TestExecStreams(t *testing.T) {
 	ctx := context.Background()
 	// A named stream that never comes.
 	_, err := ta.api.Exec(ctx, &vmagentv1.ExecRequest{Id: "s1", Args: []string{"true"}, Stdout: true})
-	if !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "stdout") {
+	if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "stdout") {
 		t.Errorf("Exec naming a stream never opened = %v, want a failed-precondition error naming stdout", err)
 	}
 	// The id is free again.
@@ -292,7 +293,7 @@ func TestExecStreams(t *testing.T) {
 	}
 	// The same id twice.
 	_, err = ta.api.Exec(ctx, &vmagentv1.ExecRequest{Id: "s1", Args: []string{"true"}})
-	if !errors.Is(errdefs.FromStatus(err), errdefs.ErrAlreadyExists) {
+	if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrAlreadyExists) {
 		t.Errorf("Exec of an id in use = %v, want already-exists", err)
 	}
 	// A stream for a process already started is closed at once.
@@ -380,7 +381,7 @@ func TestSignalAndWait(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := ta.api.Wait(ctx, &vmagentv1.WaitRequest{Id: "nope"}); !errors.Is(errdefs.FromStatus(err), errdefs.ErrNotFound) {
+	if _, err := ta.api.Wait(ctx, &vmagentv1.WaitRequest{Id: "nope"}); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrNotFound) {
 		t.Errorf("wait for an unknown process = %v, want not-found", err)
 	}
 }
@@ -565,7 +566,7 @@ func TestSetupRules(t *testing.T) {
 	ta := startTestAgent(t)
 	ctx := context.Background()
 	_, err := ta.api.Setup(ctx, &vmagentv1.SetupRequest{})
-	if !errors.Is(errdefs.FromStatus(err), errdefs.ErrInvalidArgument) {
+	if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrInvalidArgument) {
 		t.Errorf("Setup with no disks = %v, want invalid-argument", err)
 	}
 	// A failed Setup leaves a half-built guest: nothing more may run.
@@ -573,16 +574,16 @@ func TestSetupRules(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "needs a VM") {
 		t.Errorf("Setup = %v, want the stand-in's error", err)
 	}
-	if _, err := ta.exec(t, "after", execOpts{}, "true"); !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+	if _, err := ta.exec(t, "after", execOpts{}, "true"); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 		t.Errorf("Exec after a failed Setup = %v, want failed-precondition", err)
 	}
-	if _, err := ta.api.Setup(ctx, validSetup()); !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+	if _, err := ta.api.Setup(ctx, validSetup()); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 		t.Errorf("a second Setup = %v, want failed-precondition", err)
 	}
 
 	ta = startTestAgent(t)
 	ta.wait(t, ta.mustExec(t, "first", execOpts{}, "true"))
-	if _, err := ta.api.Setup(ctx, validSetup()); !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+	if _, err := ta.api.Setup(ctx, validSetup()); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 		t.Errorf("Setup after an Exec = %v, want failed-precondition", err)
 	}
 }
@@ -599,7 +600,7 @@ func TestShutdown(t *testing.T) {
 	if n := ta.powerOffs.Load(); n != 1 {
 		t.Errorf("power off ran %d times after two Shutdowns, want 1", n)
 	}
-	if _, err := ta.exec(t, "late", execOpts{}, "true"); !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+	if _, err := ta.exec(t, "late", execOpts{}, "true"); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 		t.Errorf("Exec after Shutdown = %v, want failed-precondition", err)
 	}
 }

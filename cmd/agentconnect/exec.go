@@ -14,6 +14,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 )
 
 // Exit codes of exec, as docker run has them.
@@ -178,7 +179,7 @@ func forwardStdin(ctx context.Context, g *globals, id string, r io.Reader, stder
 				return err
 			})
 			if err != nil {
-				if !errors.Is(errdefs.FromStatus(err), errdefs.ErrFailedPrecondition) {
+				if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 					fmt.Fprintln(stderr, "agentconnect: stdin:", message(err))
 				}
 				return

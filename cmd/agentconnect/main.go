@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 )
 
 func main() {
@@ -45,5 +45,5 @@ func (e *exitError) Unwrap() error { return e.err }
 // message is the readable text of an error: a status from the daemon loses
 // its "rpc error: code = ..." prefix.
 func message(err error) string {
-	return errdefs.FromStatus(err).Error()
+	return rpcstatus.FromStatus(err).Error()
 }

@@ -1,5 +1,6 @@
-// Package errdefs holds the few kinds of error the daemon returns and maps
-// them to and from ttrpc status codes in one place.
+// Package errdefs holds the few kinds of error the daemon returns and the
+// status codes they travel as, in one place (package rpcstatus turns them
+// into the gRPC statuses of the ttrpc library).
 package errdefs
 
 import (
@@ -7,9 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // The kinds. Test an error with errors.Is(err, errdefs.ErrNotFound).
@@ -68,50 +66,68 @@ func ResourceExhausted(format string, args ...any) error {
 	return newf(ErrResourceExhausted, format, args...)
 }
 
+// Code is the gRPC status code an error travels as on a ttrpc connection
+// (the numbers of google.golang.org/grpc/codes, which this package does not
+// link: the shim speaks the wire protocol without the gRPC runtime).
+type Code uint32
+
+// The codes the kinds travel as, and the few the wire itself uses.
+const (
+	CodeOK                 Code = 0
+	CodeCanceled           Code = 1
+	CodeUnknown            Code = 2
+	CodeInvalidArgument    Code = 3
+	CodeDeadlineExceeded   Code = 4
+	CodeNotFound           Code = 5
+	CodeAlreadyExists      Code = 6
+	CodePermissionDenied   Code = 7
+	CodeResourceExhausted  Code = 8
+	CodeFailedPrecondition Code = 9
+	CodeUnimplemented      Code = 12
+	CodeUnavailable        Code = 14
+)
+
 var kinds = []struct {
 	kind error
-	code codes.Code
+	code Code
 }{
-	{ErrInvalidArgument, codes.InvalidArgument},
-	{ErrNotFound, codes.NotFound},
-	{ErrAlreadyExists, codes.AlreadyExists},
-	{ErrFailedPrecondition, codes.FailedPrecondition},
-	{ErrUnavailable, codes.Unavailable},
-	{ErrPermissionDenied, codes.PermissionDenied},
-	{ErrResourceExhausted, codes.ResourceExhausted},
-	{context.Canceled, codes.Canceled},
-	{context.DeadlineExceeded, codes.DeadlineExceeded},
+	{ErrInvalidArgument, CodeInvalidArgument},
+	{ErrNotFound, CodeNotFound},
+	{ErrAlreadyExists, CodeAlreadyExists},
+	{ErrFailedPrecondition, CodeFailedPrecondition},
+	{ErrUnavailable, CodeUnavailable},
+	{ErrPermissionDenied, CodePermissionDenied},
+	{ErrResourceExhausted, CodeResourceExhausted},
+	{context.Canceled, CodeCanceled},
+	{context.DeadlineExceeded, CodeDeadlineExceeded},
 }
 
-// ToStatus turns err into a status error for the wire, keeping its message.
-func ToStatus(err error) error {
+// CodeOf is the code err travels as: its kind's, CodeUnknown for an error
+// of no kind, CodeOK for nil.
+func CodeOf(err error) Code {
 	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
+		return CodeOK
 	}
 	for _, k := range kinds {
 		if errors.Is(err, k.kind) {
-			return status.Error(k.code, err.Error())
+			return k.code
 		}
 	}
-	return status.Error(codes.Unknown, err.Error())
+	return CodeUnknown
 }
 
-// FromStatus turns a status error from the wire back into an error of its kind
-// whose text is the server's message alone.
-func FromStatus(err error) error {
-	st, ok := status.FromError(err)
-	if !ok || err == nil {
-		return err
+// FromCode is the error a peer sent as code and message: of the code's kind,
+// with the peer's message as its whole text.
+func FromCode(code Code, msg string) error {
+	if code == CodeOK {
+		return nil
 	}
 	for _, k := range kinds {
-		if st.Code() == k.code {
-			return &kindError{kind: k.kind, msg: st.Message()}
+		if code == k.code {
+			return &kindError{kind: k.kind, msg: msg}
 		}
 	}
-	return errors.New(st.Message())
+	return errors.New(msg)
 }
 
 // Clip shortens text quoted in an error (what a tool printed) to at most n

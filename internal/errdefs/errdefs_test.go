@@ -1,41 +1,44 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
-func TestRoundTrip(t *testing.T) {
+func TestCodeRoundTrip(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
 		kind error
-		code codes.Code
+		code Code
 	}{
-		{NotFound("no agent named %q", "x"), ErrNotFound, codes.NotFound},
-		{fmt.Errorf("start: %w", FailedPrecondition("sandbox.srt is off on this daemon")), ErrFailedPrecondition, codes.FailedPrecondition},
-		{InvalidArgument("bad"), ErrInvalidArgument, codes.InvalidArgument},
-		{AlreadyExists("dup"), ErrAlreadyExists, codes.AlreadyExists},
+		{NotFound("no agent named %q", "x"), ErrNotFound, CodeNotFound},
+		{fmt.Errorf("start: %w", FailedPrecondition("sandbox.srt is off on this daemon")), ErrFailedPrecondition, CodeFailedPrecondition},
+		{InvalidArgument("bad"), ErrInvalidArgument, CodeInvalidArgument},
+		{fmt.Errorf("wait: %w", context.DeadlineExceeded), context.DeadlineExceeded, CodeDeadlineExceeded},
 	} {
-		st := ToStatus(tc.err)
-		if got := status.Code(st); got != tc.code {
-			t.Errorf("ToStatus(%v) code = %v, want %v", tc.err, got, tc.code)
+		if got := CodeOf(tc.err); got != tc.code {
+			t.Errorf("CodeOf(%v) = %d, want %d", tc.err, got, tc.code)
 		}
-		back := FromStatus(st)
-		if !errors.Is(back, tc.kind) {
-			t.Errorf("FromStatus(%v) is not %v", st, tc.kind)
-		}
-		if back.Error() != tc.err.Error() {
-			t.Errorf("message = %q, want %q", back.Error(), tc.err.Error())
+		back := FromCode(CodeOf(tc.err), tc.err.Error())
+		if !errors.Is(back, tc.kind) || back.Error() != tc.err.Error() {
+			t.Errorf("FromCode(%d, %q) = %v, want an error of kind %v with the same text", tc.code, tc.err, back, tc.kind)
 		}
 	}
-	if got := status.Code(ToStatus(errors.New("plain"))); got != codes.Unknown {
-		t.Errorf("plain error code = %v, want Unknown", got)
+	if CodeOf(errors.New("plain")) != CodeUnknown || CodeOf(nil) != CodeOK || FromCode(CodeOK, "") != nil {
+		t.Error("plain errors are not Unknown, or nil does not map to OK")
 	}
-	if ToStatus(nil) != nil || FromStatus(nil) != nil {
-		t.Error("nil does not map to nil")
+	if err := FromCode(CodeUnimplemented, "method X"); err == nil || err.Error() != "method X" {
+		t.Errorf("a code of no kind: %v, want an error with the message", err)
+	}
+}
+
+func TestClip(t *testing.T) {
+	if got := Clip("héllo", 2); got != "h…" {
+		t.Errorf("Clip at a rune's middle = %q, want %q", got, "h…")
+	}
+	if got := Clip("abc", 5); got != "abc" {
+		t.Errorf("Clip of a short text = %q", got)
 	}
 }

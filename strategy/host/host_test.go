@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
@@ -48,7 +48,7 @@ type started struct {
 	dir    session.Dir
 	ready  shimv1.Ready
 	client shimv1.ShimService
-	conn   *ttrpc.Client
+	conn   *ttrpclite.Client
 }
 
 // startShim writes a session for command and bootstraps a shim for it.
@@ -89,7 +89,7 @@ func startShimIn(t *testing.T, root string, edit func(*session.Spec), command ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := ttrpc.NewClient(conn)
+	c := ttrpclite.NewClient(conn)
 	t.Cleanup(func() { c.Close(); syscall.Kill(ready.PID, syscall.SIGKILL); waitGone(t, ready.PID) })
 	s := &started{dir: dir, ready: ready, client: shimv1.NewShimClient(c), conn: c}
 	if _, err := s.client.Handshake(context.Background(), &shimv1.HandshakeRequest{ApiVersion: shimv1.APIVersion}); err != nil {

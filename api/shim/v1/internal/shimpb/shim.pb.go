@@ -7,7 +7,7 @@
 // The API between the supervisor and one session's shim, on the shim's unix
 // socket. Output never travels here: it is read from the session's output log.
 
-package shimv1
+package shimpb
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"

@@ -1,0 +1,151 @@
+package shimv1
+
+import "time"
+
+// The messages of the Shim service, as in shim.proto (field numbers and
+// all); codec.go encodes them. The names are those protoc-gen-go gives,
+// except that a google.protobuf.Timestamp is a time.Time here.
+
+// HandshakeRequest is the first call on a connection: the API version the supervisor speaks.
+type HandshakeRequest struct {
+	ApiVersion        uint32
+	SupervisorVersion string
+}
+
+func (m *HandshakeRequest) fields() []field {
+	return []field{uint32Field(1, &m.ApiVersion), stringField(2, &m.SupervisorVersion)}
+}
+
+// HandshakeResponse names the shim's API version and the run it serves.
+type HandshakeResponse struct {
+	ApiVersion  uint32
+	ShimVersion string
+	SessionId   string
+	Run         uint32
+}
+
+func (m *HandshakeResponse) fields() []field {
+	return []field{uint32Field(1, &m.ApiVersion), stringField(2, &m.ShimVersion), stringField(3, &m.SessionId), uint32Field(4, &m.Run)}
+}
+
+// StartRequest asks the shim to run the session's runtime, once.
+type StartRequest struct{}
+
+func (*StartRequest) fields() []field { return nil }
+
+// StartResponse is the runtime's pid.
+type StartResponse struct {
+	Pid uint32
+}
+
+func (m *StartResponse) fields() []field { return []field{uint32Field(1, &m.Pid)} }
+
+// StateRequest asks for the run's state.
+type StateRequest struct{}
+
+func (*StateRequest) fields() []field { return nil }
+
+// StateResponse is the run: the runtime's pid while it runs, its exit after.
+type StateResponse struct {
+	SessionId string
+	Run       uint32
+	Status    Status
+	ShimPid   uint32
+	Pid       uint32 // the runtime's
+	ExitCode  int32
+	Reason    string
+	StartedAt time.Time
+	ExitedAt  time.Time
+	Cgroup    string // the session's cgroup path, empty when unlimited
+	Limits    string // what limits apply, or why none do
+}
+
+func (m *StateResponse) fields() []field {
+	return []field{
+		stringField(1, &m.SessionId), uint32Field(2, &m.Run), statusField(3, &m.Status),
+		uint32Field(4, &m.ShimPid), uint32Field(5, &m.Pid), int32Field(6, &m.ExitCode),
+		stringField(7, &m.Reason), timeField(8, &m.StartedAt), timeField(9, &m.ExitedAt),
+		stringField(10, &m.Cgroup), stringField(11, &m.Limits),
+	}
+}
+
+// KillRequest signals the runtime, or with All every process of the session.
+type KillRequest struct {
+	Signal uint32
+	All    bool
+}
+
+func (m *KillRequest) fields() []field {
+	return []field{uint32Field(1, &m.Signal), boolField(2, &m.All)}
+}
+
+// KillResponse says the signal was sent.
+type KillResponse struct{}
+
+func (*KillResponse) fields() []field { return nil }
+
+// WaitRequest waits for the runtime's exit to be recorded.
+type WaitRequest struct{}
+
+func (*WaitRequest) fields() []field { return nil }
+
+// WaitResponse is the recorded exit.
+type WaitResponse struct {
+	ExitCode int32
+	Reason   string
+	ExitedAt time.Time
+}
+
+func (m *WaitResponse) fields() []field {
+	return []field{int32Field(1, &m.ExitCode), stringField(2, &m.Reason), timeField(3, &m.ExitedAt)}
+}
+
+// WriteStdinRequest is input for the runtime's stdin, MaxStdinWrite bytes at most.
+type WriteStdinRequest struct {
+	Data []byte
+}
+
+func (m *WriteStdinRequest) fields() []field { return []field{dataField(1, &m.Data)} }
+
+// WriteStdinResponse says how much of it was written.
+type WriteStdinResponse struct {
+	Written uint32
+}
+
+func (m *WriteStdinResponse) fields() []field { return []field{uint32Field(1, &m.Written)} }
+
+// CloseStdinRequest closes the runtime's stdin: it reads EOF.
+type CloseStdinRequest struct{}
+
+func (*CloseStdinRequest) fields() []field { return nil }
+
+// CloseStdinResponse says stdin is closed.
+type CloseStdinResponse struct{}
+
+func (*CloseStdinResponse) fields() []field { return nil }
+
+// StatsRequest asks for the session's cgroup counters.
+type StatsRequest struct{}
+
+func (*StatsRequest) fields() []field { return nil }
+
+// StatsResponse is the session's cgroup counters.
+type StatsResponse struct {
+	MemoryBytes uint64
+	Pids        uint64
+	CpuUsageNs  uint64
+}
+
+func (m *StatsResponse) fields() []field {
+	return []field{uint64Field(1, &m.MemoryBytes), uint64Field(2, &m.Pids), uint64Field(3, &m.CpuUsageNs)}
+}
+
+// ShutdownRequest makes a shim whose run has ended exit now.
+type ShutdownRequest struct{}
+
+func (*ShutdownRequest) fields() []field { return nil }
+
+// ShutdownResponse says the shim exits.
+type ShutdownResponse struct{}
+
+func (*ShutdownResponse) fields() []field { return nil }
