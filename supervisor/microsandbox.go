@@ -11,7 +11,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
-	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
@@ -38,16 +37,15 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, erro
 	if vm.MemoryMiB < 128 {
 		return nil, errdefs.InvalidArgument("agent %s: a VM needs at least 128 MiB of memory, not %d", a.Name, vm.MemoryMiB)
 	}
-	// The image comes from the shim (it links the image code; the daemon
-	// does not): the default one, or the configured one, prepared on first
-	// use.
+	// The image comes from agentconnect-vmimage (it links the image code;
+	// the daemon and the VM's shim do not): the default one, or the
+	// configured one, prepared on first use.
+	if s.opts.VMImageBinary == "" {
+		return nil, errdefs.FailedPrecondition("agentconnect-vmimage, which prepares microsandbox's guest images, is not installed beside agentconnect (make install)")
+	}
 	var img helper.ImageResponse
 	req := helper.ImageRequest{ImageDir: s.opts.ImageDir, ImagesDir: s.layout.ImagesDir(), Ref: settings.Image}
-	shim, err := s.shimFor(strategy.Microsandbox)
-	if err != nil {
-		return nil, err
-	}
-	if err := helper.Call(s.ctx, shim, "image", req, &img, s.log.Infof); err != nil {
+	if err := helper.Call(s.ctx, s.opts.VMImageBinary, "image", req, &img, s.log.Infof); err != nil {
 		return nil, fmt.Errorf("prepare the guest image: %w", err)
 	}
 	if img.Error != "" {

@@ -35,10 +35,12 @@ type Options struct {
 	ConfigPath     string
 	RequireSandbox bool
 	// ShimBinary runs host and srt sessions (agentconnect-shim),
-	// VMShimBinary microsandbox sessions, its check and its images
-	// (agentconnect-shim-vm; without it microsandbox is unavailable).
-	ShimBinary   string
-	VMShimBinary string
+	// VMShimBinary microsandbox sessions and its check
+	// (agentconnect-shim-vm), VMImageBinary its guest images
+	// (agentconnect-vmimage); without either microsandbox is unavailable.
+	ShimBinary    string
+	VMShimBinary  string
+	VMImageBinary string
 	// ImageDir holds the default microsandbox image.
 	ImageDir string
 	// Listener is the admin socket when it was handed over (systemd socket
@@ -141,7 +143,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	// no probe, and a restart with sessions alive should not wait for QEMU's.
 	probed := make(chan []probe.Result, 1)
 	go func() {
-		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary})
+		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary, VMImageBinary: opts.VMImageBinary})
 	}()
 	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
 	if !s.cgSupport.Available {

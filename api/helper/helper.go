@@ -1,7 +1,7 @@
-// Package helper is the daemon's one-shot calls of a shim binary, for the
-// work that needs a strategy's code, which the daemon does not link: `probe`
-// (can the strategy run here?) and `image` (prepare a microsandbox guest
-// image). The request is JSON on the helper's stdin, the answer JSON on its
+// Package helper is the daemon's one-shot calls of a strategy's binaries,
+// for the work that needs a strategy's code, which the daemon does not link:
+// agentconnect-shim-vm's `probe` (can microsandbox run here?) and
+// agentconnect-vmimage's `image` (prepare a microsandbox guest image). The request is JSON on the helper's stdin, the answer JSON on its
 // stdout; what it says on stderr goes to the daemon's log.
 package helper
 

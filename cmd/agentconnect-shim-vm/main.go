@@ -1,7 +1,7 @@
 // Command agentconnect-shim-vm runs one session of the microsandbox strategy:
 // a VM per run, with the guest's network stack and its transports; see
-// package shim. It also answers the daemon's one-shot calls that need the VM
-// code (probe, image: api/helper).
+// package shim. It also answers the daemon's microsandbox check (probe:
+// api/helper); agentconnect-vmimage prepares the guest images.
 package main
 
 import (
@@ -21,7 +21,6 @@ func main() {
 		Commands: map[string]func([]string) error{
 			"share-exec": microvm.ShareExec,
 			"probe":      func([]string) error { return microsandbox.ProbeMain(os.Stdin, os.Stdout) },
-			"image":      func([]string) error { return microsandbox.ImageMain(os.Stdin, os.Stdout, os.Stderr) },
 		},
 	})
 	if err != nil {

@@ -100,7 +100,9 @@ func runDaemon(g *globals, configPath string, requireSandbox bool, startTimeout 
 	if err != nil {
 		return err
 	}
-	vmShimBinary, _ := findShim("agentconnect-shim-vm") // without it microsandbox is unavailable, and says why
+	// Without these microsandbox is unavailable, and says why.
+	vmShimBinary, _ := findShim("agentconnect-shim-vm")
+	vmImageBinary, _ := findShim("agentconnect-vmimage")
 	log := newLogger()
 
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -119,7 +121,7 @@ func runDaemon(g *globals, configPath string, requireSandbox bool, startTimeout 
 
 	handover, err := supervisor.Run(ctx, supervisor.Options{
 		Home: layout.Root, ConfigPath: configPath, RequireSandbox: requireSandbox,
-		ShimBinary: shimBinary, VMShimBinary: vmShimBinary, ImageDir: findImageDir(), Listener: listener, Lock: lock, Args: os.Args, Log: log,
+		ShimBinary: shimBinary, VMShimBinary: vmShimBinary, VMImageBinary: vmImageBinary, ImageDir: findImageDir(), Listener: listener, Lock: lock, Args: os.Args, Log: log,
 		StartTimeout: startTimeout,
 		Ready:        func() { daemon.SdNotify(false, daemon.SdNotifyReady) },
 	})

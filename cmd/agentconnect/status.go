@@ -134,8 +134,10 @@ downloads nothing.`,
 			if requireSandbox {
 				cfg.RequireSandbox("--require-sandbox turns host off on this daemon")
 			}
-			vmShim, _ := findShim("agentconnect-shim-vm") // without it the microsandbox check says so
-			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), VMShimBinary: vmShim})
+			// Without these the microsandbox check says so.
+			vmShim, _ := findShim("agentconnect-shim-vm")
+			vmImage, _ := findShim("agentconnect-vmimage")
+			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), VMShimBinary: vmShim, VMImageBinary: vmImage})
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {

@@ -37,6 +37,9 @@ type Env struct {
 	// (agentconnect-shim-vm): it runs microsandbox's check, whose code
 	// the daemon does not link.
 	VMShimBinary string
+	// VMImageBinary prepares microsandbox's guest images
+	// (agentconnect-vmimage).
+	VMImageBinary string
 }
 
 // checks are the live checks per strategy.
@@ -138,6 +141,9 @@ const microsandboxCheckTimeout = time.Minute
 func checkMicrosandbox(cfg *config.Config, env Env) string {
 	if env.VMShimBinary == "" {
 		return "agentconnect-shim-vm, which runs microsandbox sessions, is not installed beside agentconnect (make install)"
+	}
+	if env.VMImageBinary == "" {
+		return "agentconnect-vmimage, which prepares microsandbox's guest images, is not installed beside agentconnect (make install)"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), microsandboxCheckTimeout)
 	defer cancel()

@@ -40,8 +40,12 @@ func TestRun(t *testing.T) {
 	// Through the built shim, without KVM and vsock (as on CI), tcg over
 	// serial gets as far as the image: the reason names the directory it is
 	// missing from.
+	noImager := Env{ImageDir: env.ImageDir, VMShimBinary: "/nonexistent/agentconnect-shim-vm"}
+	if r := checkMicrosandbox(tcg, noImager); !strings.Contains(r, "agentconnect-vmimage") {
+		t.Errorf("microsandbox with no image helper: reason %q, want one naming agentconnect-vmimage", r)
+	}
 	if bin := os.Getenv("AGENTCONNECT_BIN"); bin != "" {
-		withShim := Env{ImageDir: env.ImageDir, VMShimBinary: filepath.Join(bin, "agentconnect-shim-vm")}
+		withShim := Env{ImageDir: env.ImageDir, VMShimBinary: filepath.Join(bin, "agentconnect-shim-vm"), VMImageBinary: filepath.Join(bin, "agentconnect-vmimage")}
 		if r := checkMicrosandbox(tcg, withShim); !strings.Contains(r, env.ImageDir) && !strings.Contains(r, "qemu") && !strings.Contains(r, "virtiofsd") {
 			t.Errorf("microsandbox with tcg and no image: reason %q names neither the image directory nor a missing tool", r)
 		}

@@ -1,4 +1,4 @@
-package vmimage
+package custom
 
 import (
 	"archive/tar"
@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
 
 // guestPlatform is the platform the guest runs: the host's architecture.
@@ -44,13 +45,13 @@ type source struct {
 	spool bool
 }
 
-func (s *Store) open(ctx context.Context, p parsedRef, ref string) (*source, error) {
-	switch p.kind {
-	case kindRegistry:
+func (s *Store) open(ctx context.Context, p vmimage.Ref, ref string) (*source, error) {
+	switch p.Kind {
+	case vmimage.KindRegistry:
 		return openRegistry(ctx, p, ref)
-	case kindLayout:
+	case vmimage.KindLayout:
 		return openLayout(p, ref)
-	case kindArchive:
+	case vmimage.KindArchive:
 		return s.openArchive(p, ref)
 	}
 	return nil, fmt.Errorf("image %q: unknown kind of reference", ref)
@@ -59,14 +60,14 @@ func (s *Store) open(ctx context.Context, p parsedRef, ref string) (*source, err
 // openRegistry fetches the manifest (resolving an index to the guest's
 // platform); layers are fetched when the image is built, and verified
 // against their digests as they are read.
-func openRegistry(ctx context.Context, p parsedRef, ref string) (*source, error) {
-	img, err := remote.Image(p.named,
+func openRegistry(ctx context.Context, p vmimage.Ref, ref string) (*source, error) {
+	img, err := remote.Image(p.Named,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
 		remote.WithPlatform(guestPlatform),
 		remote.WithUserAgent("agentconnect"))
 	if err != nil {
-		return nil, fmt.Errorf("image %s: fetching the manifest from %s: %w", ref, p.named.Context().RegistryStr(), err)
+		return nil, fmt.Errorf("image %s: fetching the manifest from %s: %w", ref, p.Named.Context().RegistryStr(), err)
 	}
 	d, err := img.Digest()
 	if err != nil {
@@ -89,12 +90,12 @@ func (d dirStore) open(name string) (io.ReadCloser, error) {
 }
 func (d dirStore) describe() string { return "OCI layout " + string(d) }
 
-func openLayout(p parsedRef, ref string) (*source, error) {
-	st := dirStore(p.path)
-	if _, err := os.Stat(filepath.Join(p.path, "index.json")); err != nil {
-		return nil, errdefs.InvalidArgument("image %s: %s is not an OCI image layout (no index.json): %v", ref, p.path, err)
+func openLayout(p vmimage.Ref, ref string) (*source, error) {
+	st := dirStore(p.Path)
+	if _, err := os.Stat(filepath.Join(p.Path, "index.json")); err != nil {
+		return nil, errdefs.InvalidArgument("image %s: %s is not an OCI image layout (no index.json): %v", ref, p.Path, err)
 	}
-	return openOCI(st, p.digest, ref)
+	return openOCI(st, p.Digest, ref)
 }
 
 // openOCI resolves an OCI layout (from index.json, or the manifest named by
@@ -338,8 +339,8 @@ type fileID struct {
 	size, mtime int64
 }
 
-func (s *Store) openArchive(p parsedRef, ref string) (*source, error) {
-	f, err := os.Open(p.path)
+func (s *Store) openArchive(p vmimage.Ref, ref string) (*source, error) {
+	f, err := os.Open(p.Path)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("image %s: %v", ref, err)
 	}
@@ -348,20 +349,20 @@ func (s *Store) openArchive(p parsedRef, ref string) (*source, error) {
 	switch {
 	case n >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
 		f.Close()
-		return nil, errdefs.InvalidArgument("image %s: %s is gzip-compressed: decompress it (gunzip) and use the .tar", ref, p.path)
+		return nil, errdefs.InvalidArgument("image %s: %s is gzip-compressed: decompress it (gunzip) and use the .tar", ref, p.Path)
 	case n == 4 && bytes.Equal(magic[:], []byte{0x28, 0xb5, 0x2f, 0xfd}):
 		f.Close()
-		return nil, errdefs.InvalidArgument("image %s: %s is zstd-compressed: decompress it (zstd -d) and use the .tar", ref, p.path)
+		return nil, errdefs.InvalidArgument("image %s: %s is zstd-compressed: decompress it (zstd -d) and use the .tar", ref, p.Path)
 	}
 	entries, err := indexTar(f)
 	if err != nil {
 		f.Close()
-		return nil, errdefs.InvalidArgument("image %s: %s is not a tar archive: %v", ref, p.path, err)
+		return nil, errdefs.InvalidArgument("image %s: %s is not a tar archive: %v", ref, p.Path, err)
 	}
 	if _, ok := entries["index.json"]; ok {
 		// An OCI image layout in a tarball (docker save since Docker 25
 		// writes one too): its manifests keep their digests.
-		src, err := openOCI(&tarStore{f: f, entries: entries, name: p.path}, nil, ref)
+		src, err := openOCI(&tarStore{f: f, entries: entries, name: p.Path}, nil, ref)
 		if err != nil {
 			f.Close()
 			return nil, err
@@ -371,16 +372,16 @@ func (s *Store) openArchive(p parsedRef, ref string) (*source, error) {
 	}
 	f.Close()
 	if _, ok := entries["manifest.json"]; !ok {
-		return nil, errdefs.InvalidArgument("image %s: %s is neither a docker-save nor an OCI image archive (it has no manifest.json or index.json)", ref, p.path)
+		return nil, errdefs.InvalidArgument("image %s: %s is neither a docker-save nor an OCI image archive (it has no manifest.json or index.json)", ref, p.Path)
 	}
 	// docker save (before Docker 25): the manifest is computed from the
 	// layers, compressing them first if the tarball holds them uncompressed,
 	// which is slow: remember the result while the file is unchanged.
-	img, err := tarball.ImageFromPath(p.path, nil)
+	img, err := tarball.ImageFromPath(p.Path, nil)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("image %s: %s: %v", ref, p.path, err)
+		return nil, errdefs.InvalidArgument("image %s: %s: %v", ref, p.Path, err)
 	}
-	id, idErr := identify(p.path)
+	id, idErr := identify(p.Path)
 	if idErr == nil {
 		s.mu.Lock()
 		d, ok := s.archives[id]
@@ -391,7 +392,7 @@ func (s *Store) openArchive(p parsedRef, ref string) (*source, error) {
 	}
 	d, err := img.Digest()
 	if err != nil {
-		return nil, errdefs.InvalidArgument("image %s: %s: %v", ref, p.path, err)
+		return nil, errdefs.InvalidArgument("image %s: %s: %v", ref, p.Path, err)
 	}
 	if idErr == nil {
 		s.mu.Lock()

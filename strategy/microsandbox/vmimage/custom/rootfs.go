@@ -1,4 +1,4 @@
-package vmimage
+package custom
 
 import (
 	"archive/tar"
