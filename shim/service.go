@@ -83,7 +83,13 @@ func (s *service) Handshake(_ context.Context, req *shimv1.HandshakeRequest) (*s
 	}, nil
 }
 
-func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartResponse, error) {
+func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.StartResponse, error) {
+	for i, kv := range req.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			// Named by its position only: the entry may hold a secret.
+			return nil, errdefs.InvalidArgument("session %s: start: variable %d of the run's private env is not KEY=VALUE", s.rec.ID, i+1)
+		}
+	}
 	s.mu.Lock()
 	if s.status != shimv1.Status_CREATED {
 		st := s.status
@@ -91,6 +97,8 @@ func (s *service) Start(context.Context, *shimv1.StartRequest) (*shimv1.StartRes
 		return nil, errdefs.FailedPrecondition("session %s: cannot start a run that is %s", s.rec.ID, strings.ToLower(st.String()))
 	}
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
+	// In memory only: session.json is not written again by the shim.
+	s.rec.Spec.Env = session.MergeEnv(s.rec.Spec.Env, req.Env)
 	s.mu.Unlock()
 
 	if s.out.Full() {

@@ -121,6 +121,28 @@ func stringField(num protowire.Number, p *string) field {
 	return bytesField(num, func() []byte { return []byte(*p) }, func(v []byte) { *p = string(v) })
 }
 
+// repeatedStringField is a repeated string: one field per element, empty
+// ones too, in order.
+func repeatedStringField(num protowire.Number, p *[]string) field {
+	return field{
+		num: num, typ: protowire.BytesType,
+		append: func(b []byte) []byte {
+			for _, v := range *p {
+				b = protowire.AppendTag(b, num, protowire.BytesType)
+				b = protowire.AppendString(b, v)
+			}
+			return b
+		},
+		consume: func(b []byte) (int, error) {
+			v, n := protowire.ConsumeString(b)
+			if n >= 0 {
+				*p = append(*p, v)
+			}
+			return n, nil
+		},
+	}
+}
+
 // dataField keeps a copy: the frame it was read from is not the message's.
 func dataField(num protowire.Number, p *[]byte) field {
 	return bytesField(num, func() []byte { return *p }, func(v []byte) { *p = append([]byte(nil), v...) })

@@ -39,6 +39,7 @@ var pairs = []struct {
 	{&HandshakeResponse{ApiVersion: 4294967295, ShimVersion: "dev", SessionId: "s-1", Run: 7},
 		&shimpb.HandshakeResponse{ApiVersion: 4294967295, ShimVersion: "dev", SessionId: "s-1", Run: 7}},
 	{&StartRequest{}, &shimpb.StartRequest{}},
+	{&StartRequest{Env: []string{"A=1", "", "KEY=välue=x"}}, &shimpb.StartRequest{Env: []string{"A=1", "", "KEY=välue=x"}}},
 	{&StartResponse{Pid: 4194304}, &shimpb.StartResponse{Pid: 4194304}},
 	{&StateRequest{}, &shimpb.StateRequest{}},
 	{&StateResponse{SessionId: "abc", Run: 2, Status: Status_EXITED, ShimPid: 10, Pid: 11, ExitCode: -9,

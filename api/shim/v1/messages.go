@@ -29,9 +29,13 @@ func (m *HandshakeResponse) fields() []field {
 }
 
 // StartRequest asks the shim to run the session's runtime, once.
-type StartRequest struct{}
+type StartRequest struct {
+	// Env is set over the session's env for this run only: the shim keeps
+	// it in memory and writes it nowhere (the values of secrets on host).
+	Env []string
+}
 
-func (*StartRequest) fields() []field { return nil }
+func (m *StartRequest) fields() []field { return []field{repeatedStringField(1, &m.Env)} }
 
 // StartResponse is the runtime's pid.
 type StartResponse struct {

@@ -4,7 +4,12 @@ package shimv1
 // speaks. A supervisor adopts shims whose version it still speaks, so that a
 // new release takes over the sessions of the previous one; a change that an
 // older peer cannot follow bumps it.
-const APIVersion = 1
+//
+// 2: StartRequest.env.
+const APIVersion = 2
+
+// PrivateEnvAPIVersion is the first version whose Start takes Env.
+const PrivateEnvAPIVersion = 2
 
 // MinAPIVersion is the oldest shim API this release can adopt.
 const MinAPIVersion = 1

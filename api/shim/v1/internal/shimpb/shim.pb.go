@@ -198,7 +198,11 @@ func (x *HandshakeResponse) GetRun() uint32 {
 }
 
 type StartRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Variables for this run only, set over the session's env: the shim keeps
+	// them in memory and writes them nowhere (the values of secrets on host).
+	// Since API version 2.
+	Env           []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -231,6 +235,13 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
 	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StartRequest) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
 }
 
 type StartResponse struct {
@@ -964,8 +975,9 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\fshim_version\x18\x02 \x01(\tR\vshimVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x10\n" +
-	"\x03run\x18\x04 \x01(\rR\x03run\"\x0e\n" +
-	"\fStartRequest\"!\n" +
+	"\x03run\x18\x04 \x01(\rR\x03run\" \n" +
+	"\fStartRequest\x12\x10\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\"!\n" +
 	"\rStartResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x0e\n" +
 	"\fStateRequest\"\xfc\x02\n" +
