@@ -37,6 +37,9 @@ const shutdownGrace = 2 * time.Second
 
 // serve is the long-lived shim.
 func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
+	// A shim may hold secrets' values (a run's private env): no core dump
+	// of it, no ptrace or /proc/PID/mem by another process of this user.
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	// A shim idles for hours: keep its heap and threads small.
 	debug.SetGCPercent(40)
 	runtime.GOMAXPROCS(2)

@@ -17,6 +17,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
+	"github.com/agentconnect-md/agentconnect/supervisor/secret"
 )
 
 // adminService serves the admin API: it converts messages and maps errors
@@ -95,6 +96,40 @@ func (a *adminService) DeleteAgent(_ context.Context, req *adminv1.DeleteAgentRe
 		return nil, rpcstatus.ToStatus(err)
 	}
 	return &adminv1.DeleteAgentResponse{}, nil
+}
+
+func (a *adminService) SetSecret(_ context.Context, req *adminv1.SetSecretRequest) (*adminv1.Secret, error) {
+	sec, err := a.s.setSecret(secret.Secret{
+		Name: req.Name, Value: secret.Value(req.Value), Hosts: req.Hosts, Headers: req.Headers, Preset: req.Preset,
+	})
+	if err != nil {
+		return nil, rpcstatus.ToStatus(err)
+	}
+	return secretToProto(sec, a.s.secretUsers()[sec.Name]), nil
+}
+
+func (a *adminService) ListSecrets(context.Context, *adminv1.ListSecretsRequest) (*adminv1.ListSecretsResponse, error) {
+	users := a.s.secretUsers()
+	resp := &adminv1.ListSecretsResponse{}
+	for _, sec := range a.s.secrets.List() {
+		resp.Secrets = append(resp.Secrets, secretToProto(sec, users[sec.Name]))
+	}
+	return resp, nil
+}
+
+func (a *adminService) RemoveSecret(_ context.Context, req *adminv1.RemoveSecretRequest) (*adminv1.RemoveSecretResponse, error) {
+	if err := a.s.removeSecret(req.Name, req.Force); err != nil {
+		return nil, rpcstatus.ToStatus(err)
+	}
+	return &adminv1.RemoveSecretResponse{}, nil
+}
+
+// secretToProto is a secret as the API shows it: never its value.
+func secretToProto(sec secret.Secret, agents []string) *adminv1.Secret {
+	return &adminv1.Secret{
+		Name: sec.Name, Hosts: sec.Hosts, Headers: sec.Headers, Preset: sec.Preset, Agents: agents,
+		CreatedAt: timestamppb.New(sec.CreatedAt), UpdatedAt: timestamppb.New(sec.UpdatedAt),
+	}
 }
 
 func (a *adminService) StartSession(_ context.Context, req *adminv1.StartSessionRequest) (*adminv1.Session, error) {
@@ -254,6 +289,9 @@ func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
 	for _, m := range ag.Mounts {
 		p.Mounts = append(p.Mounts, &adminv1.Mount{Source: m.Source, Target: m.Target, Readonly: m.ReadOnly})
 	}
+	for _, b := range ag.Secrets {
+		p.Secrets = append(p.Secrets, &adminv1.SecretBinding{Env: b.Env, Secret: b.Secret})
+	}
 	p.Offered, p.NotOffered = a.s.offered(ag)
 	return p
 }
@@ -269,6 +307,9 @@ func agentFromProto(p *adminv1.Agent) agent.Agent {
 	}
 	for _, m := range p.Mounts {
 		ag.Mounts = append(ag.Mounts, agent.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})
+	}
+	for _, b := range p.Secrets {
+		ag.Secrets = append(ag.Secrets, agent.SecretBinding{Env: b.Env, Secret: b.Secret})
 	}
 	return ag
 }

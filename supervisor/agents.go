@@ -115,6 +115,9 @@ func (s *Supervisor) createAgent(a agent.Agent) (agent.Agent, error) {
 	if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
 		return agent.Agent{}, err
 	}
+	if err := s.checkBindings(a); err != nil {
+		return agent.Agent{}, err
+	}
 	if err := s.checkStrategy(a.Strategy); err != nil {
 		return agent.Agent{}, fmt.Errorf("agent %s: %w", a.Name, err)
 	}
@@ -150,6 +153,9 @@ func (s *Supervisor) updateAgent(name string, a agent.Agent) (agent.Agent, error
 		a.Strategy = old.Strategy
 	}
 	if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
+		return agent.Agent{}, err
+	}
+	if err := s.checkBindings(a); err != nil {
 		return agent.Agent{}, err
 	}
 	if a.Strategy != old.Strategy {

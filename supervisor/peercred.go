@@ -251,6 +251,15 @@ func (r refusingAdmin) ListAgents(context.Context, *adminv1.ListAgentsRequest) (
 func (r refusingAdmin) DeleteAgent(context.Context, *adminv1.DeleteAgentRequest) (*adminv1.DeleteAgentResponse, error) {
 	return nil, r.err
 }
+func (r refusingAdmin) SetSecret(context.Context, *adminv1.SetSecretRequest) (*adminv1.Secret, error) {
+	return nil, r.err
+}
+func (r refusingAdmin) ListSecrets(context.Context, *adminv1.ListSecretsRequest) (*adminv1.ListSecretsResponse, error) {
+	return nil, r.err
+}
+func (r refusingAdmin) RemoveSecret(context.Context, *adminv1.RemoveSecretRequest) (*adminv1.RemoveSecretResponse, error) {
+	return nil, r.err
+}
 func (r refusingAdmin) StartSession(context.Context, *adminv1.StartSessionRequest) (*adminv1.Session, error) {
 	return nil, r.err
 }

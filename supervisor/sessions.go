@@ -92,14 +92,15 @@ func (s *Supervisor) listSessions(agentName string) []view {
 }
 
 // buildSpec is what a run of a session of a executes: its runtime, its
-// environment, its directories resolved again now, and its limits.
-func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, error) {
+// environment, its directories resolved again now, and its limits; and the
+// variables for the shim's memory only (startRun), never session.json.
+func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, []string, error) {
 	if err := s.checkStrategy(a.Strategy); err != nil {
-		return session.Spec{}, fmt.Errorf("agent %s: %w", a.Name, err)
+		return session.Spec{}, nil, fmt.Errorf("agent %s: %w", a.Name, err)
 	}
 	agentDir := s.store.AgentDir(a.ID)
 	if err := s.store.EnsureWorkspace(&a); err != nil {
-		return session.Spec{}, errdefs.FailedPrecondition("%v", err)
+		return session.Spec{}, nil, errdefs.FailedPrecondition("%v", err)
 	}
 	workspace := a.SharedWorkspace
 	if workspace == "" {
@@ -107,11 +108,11 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		// move the workspace out of the agent directory.
 		ws, err := agent.ResolveInside(agentDir, a.Workspace)
 		if err != nil {
-			return session.Spec{}, errdefs.FailedPrecondition("agent %s: workspace %s: %v", a.Name, a.Workspace, err)
+			return session.Spec{}, nil, errdefs.FailedPrecondition("agent %s: workspace %s: %v", a.Name, a.Workspace, err)
 		}
 		workspace = ws
 	} else if fi, err := os.Stat(workspace); err != nil || !fi.IsDir() {
-		return session.Spec{}, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
+		return session.Spec{}, nil, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
 	}
 	spec := session.Spec{
 		Strategy:  a.Strategy,
@@ -130,10 +131,14 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 	}
 	for _, d := range []string{spec.Home, spec.Tmp, spec.Memory} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return session.Spec{}, fmt.Errorf("agent %s: %w", a.Name, err)
+			return session.Spec{}, nil, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
-	spec.Env = runtimeEnv(a.Env, spec.Home, spec.Tmp)
+	recorded, private, err := s.secretEnv(a)
+	if err != nil {
+		return session.Spec{}, nil, err
+	}
+	spec.Env = session.MergeEnv(runtimeEnv(a.Env, spec.Home, spec.Tmp), recorded)
 	if a.Strategy == strategy.SRT {
 		// Its only network is the policy proxy on its loopback; the shim
 		// points the proxy variables at it.
@@ -146,13 +151,13 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		spec.Sandbox.Resolver = s.cfg.VM.Resolver
 		vm, err := s.vmSpec(a, spec)
 		if err != nil {
-			return session.Spec{}, err
+			return session.Spec{}, nil, err
 		}
 		spec.VM = vm
 	}
 	if s.cgroups == nil {
 		if spec.Limits != (session.Limits{}) {
-			return session.Spec{}, errdefs.FailedPrecondition(
+			return session.Spec{}, nil, errdefs.FailedPrecondition(
 				"agent %s asks for limits (%s) but this daemon cannot apply them: %s", a.Name, describeLimits(spec.Limits), s.cgSupport.Reason)
 		}
 		spec.LimitsNote = "none: " + s.cgSupport.Reason
@@ -163,7 +168,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, e
 		}
 		spec.LimitsNote = describeLimits(l)
 	}
-	return spec, nil
+	return spec, private, nil
 }
 
 func describeLimits(l session.Limits) string {
@@ -229,7 +234,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 			s.mu.Unlock()
 		}
 	}()
-	spec, err := s.buildSpec(ag, command)
+	spec, private, err := s.buildSpec(ag, command)
 	if err != nil {
 		return view{}, err
 	}
@@ -249,7 +254,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	ss := newSessionState(dir, rec)
 	ss.opMu.Lock()
 	defer ss.opMu.Unlock()
-	if err := s.startRun(ss, rec); err != nil {
+	if err := s.startRun(ss, rec, private); err != nil {
 		os.RemoveAll(string(dir))
 		return view{}, err
 	}
@@ -263,10 +268,11 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	return v, nil
 }
 
-// startRun starts one run of a session: its cgroup, its shim, its runtime.
-// On an error nothing of the run is left; a runtime that could not start
-// leaves the session exited with the reason.
-func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr error) {
+// startRun starts one run of a session: its cgroup, its shim, its runtime
+// (with private, the variables only the shim's memory holds). On an error
+// nothing of the run is left; a runtime that could not start leaves the
+// session exited with the reason.
+func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private []string) (retErr error) {
 	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
 	if s.cgroups != nil {
 		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
@@ -299,9 +305,15 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record) (retErr err
 		os.Remove(socket)
 		return err
 	}
+	if len(private) > 0 && conn.apiVersion < shimv1.PrivateEnvAPIVersion {
+		conn.close()
+		s.stopShim(boot)
+		os.Remove(socket)
+		return errdefs.FailedPrecondition("session %s: the shim (pid %d) speaks shim API %d, which cannot take secrets; install agentconnect and its shims together (make install)", rec.ID, boot.PID, conn.apiVersion)
+	}
 	timeout := s.startTimeout()
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
-	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
+	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{Env: private})
 	cancel()
 	if err != nil {
 		st := s.failedStart(ss, rec, conn, boot, err, timeout)
@@ -600,7 +612,7 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	if old.Spec.CommandOverride {
 		command = old.Spec.Command
 	}
-	spec, err := s.buildSpec(ag, command)
+	spec, private, err := s.buildSpec(ag, command)
 	if err != nil {
 		return view{}, err
 	}
@@ -609,7 +621,7 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	ss.mu.Lock()
 	ss.rec = &rec
 	ss.mu.Unlock()
-	if err := s.startRun(ss, &rec); err != nil {
+	if err := s.startRun(ss, &rec, private); err != nil {
 		ss.mu.Lock()
 		ss.rec = old
 		ss.mu.Unlock()

@@ -48,6 +48,8 @@ type shimConn struct {
 	pid       int
 	startTime uint64
 	address   string
+	// apiVersion is the shim API version the shim speaks.
+	apiVersion uint32
 }
 
 func (c *shimConn) close() { c.client.Close() }
@@ -72,6 +74,7 @@ func dialShim(ctx context.Context, boot *session.Bootstrap, timeout time.Duratio
 		client.Close()
 		return nil, fmt.Errorf("shim (pid %d, release %s) speaks shim API %d; this release adopts %d and newer", boot.PID, hs.ShimVersion, hs.ApiVersion, shimv1.MinAPIVersion)
 	}
+	c.apiVersion = hs.ApiVersion
 	return c, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
+	"github.com/agentconnect-md/agentconnect/supervisor/secret"
 )
 
 // Options configure a supervisor. Home and ShimBinary are required.
@@ -69,6 +70,7 @@ type Supervisor struct {
 	cgSupport limits.Support
 	socketDir string
 	store     agent.Store
+	secrets   *secret.Store
 	events    *eventLog
 	log       *logrus.Logger
 	startedAt time.Time
@@ -155,6 +157,9 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	}
 	s.socketDir = dir
 	s.store = agent.Store{Dir: s.layout.AgentsDir()}
+	if s.secrets, err = secret.Open(s.layout.SecretsPath()); err != nil {
+		return nil, err
+	}
 	if err := s.loadAgents(); err != nil {
 		return nil, err
 	}

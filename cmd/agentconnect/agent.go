@@ -34,6 +34,7 @@ type agentFlags struct {
 	mounts          []string
 	env             []string
 	envFile         string
+	secrets         []string
 	allowDomains    []string
 	denyDomains     []string
 	nestedSandbox   bool
@@ -51,6 +52,7 @@ func (f *agentFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.mounts, "mount", nil, "share a host path: SRC:DST[:ro|rw] or type=bind,src=S,dst=D[,readonly] (read-only unless rw; repeatable)")
 	fs.StringArrayVar(&f.env, "env", nil, "set K=V, or K to take its value from this shell (repeatable)")
 	fs.StringVar(&f.envFile, "env-file", "", "read K=V lines from a file (# comments, blank lines ignored)")
+	fs.StringArrayVar(&f.secrets, "secret", nil, "bind ENV_VAR=SECRET from the secrets store (secret set): the value on host, a placeholder of the session inside srt and microsandbox (repeatable)")
 	fs.StringArrayVar(&f.allowDomains, "allow-domain", nil, "allow network access to a domain (example.com, *.example.com, host:port; repeatable)")
 	fs.StringArrayVar(&f.denyDomains, "deny-domain", nil, "deny network access to a domain (wins over allow; repeatable)")
 	fs.BoolVar(&f.nestedSandbox, "nested-sandbox", false, "srt: let the runtime start its own sandbox inside (bwrap); off by default")
@@ -96,6 +98,16 @@ func (f *agentFlags) apply(fs *pflag.FlagSet, a *adminv1.Agent) error {
 			env = append(env, expandEnv(kv))
 		}
 		a.Env = env
+	}
+	if changed("secret") {
+		a.Secrets = nil
+		for _, s := range f.secrets {
+			b, err := agent.ParseSecretBinding(s)
+			if err != nil {
+				return err
+			}
+			a.Secrets = append(a.Secrets, &adminv1.SecretBinding{Env: b.Env, Secret: b.Secret})
+		}
 	}
 	if changed("allow-domain") {
 		a.AllowedDomains = f.allowDomains
@@ -320,6 +332,14 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 	for _, kv := range a.Env {
 		k, _, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(w, "env:        %s=…\n", k)
+	}
+	for _, b := range a.Secrets {
+		// On host there is no boundary to keep the value out of.
+		where := "a placeholder inside the boundary; the real value only on the wire to the secret's hosts"
+		if a.Strategy == "host" {
+			where = "the real value: host has no boundary"
+		}
+		fmt.Fprintf(w, "secret:     %s from %s (%s)\n", b.Env, b.Secret, where)
 	}
 	for _, m := range a.Mounts {
 		mode := "ro"

@@ -7,10 +7,16 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentconnect-md/agentconnect/internal/rpcstatus"
 )
 
 func main() {
+	// The daemon and `secret set` hold secrets' values: no core dump of
+	// ours may write them out, and no other process of this user may
+	// ptrace us or read our memory (/proc/PID/mem and environ become root's).
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	root := newRootCommand()
 	err := root.Execute()
 	if err == nil {

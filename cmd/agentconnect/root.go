@@ -62,6 +62,7 @@ admin socket, found from the home: --home, $AGENTCONNECT_HOME, --instance NAME
 		newRestartCommand(g),
 		newStopCommand(g),
 		newAgentCommand(g),
+		newSecretCommand(g),
 		newSessionCommand(g),
 		newExecCommand(g),
 		newEventsCommand(g),

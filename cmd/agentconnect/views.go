@@ -68,6 +68,7 @@ type agentJSON struct {
 	NotOffered      string        `json:"notOffered"`
 	Command         []string      `json:"command"`
 	Env             []string      `json:"env"`
+	Secrets         []bindingJSON `json:"secrets"`
 	Workspace       string        `json:"workspace"`
 	SharedWorkspace string        `json:"sharedWorkspace"`
 	Mounts          []mountJSON   `json:"mounts"`
@@ -77,6 +78,28 @@ type agentJSON struct {
 	Resources       resourcesJSON `json:"resources"`
 	CreatedAt       string        `json:"createdAt"`
 	Dir             string        `json:"dir"`
+}
+
+type bindingJSON struct {
+	Env    string `json:"env"`
+	Secret string `json:"secret"`
+}
+
+type secretJSON struct {
+	Name      string   `json:"name"`
+	Hosts     []string `json:"hosts"`
+	Headers   []string `json:"headers"`
+	Preset    string   `json:"preset"`
+	Agents    []string `json:"agents"`
+	CreatedAt string   `json:"createdAt"`
+	UpdatedAt string   `json:"updatedAt"`
+}
+
+func secretView(s *adminv1.Secret) secretJSON {
+	return secretJSON{
+		Name: s.Name, Hosts: list(s.Hosts), Headers: list(s.Headers), Preset: s.Preset, Agents: list(s.Agents),
+		CreatedAt: timeString(s.CreatedAt), UpdatedAt: timeString(s.UpdatedAt),
+	}
 }
 
 type sessionJSON struct {
@@ -170,7 +193,10 @@ func agentView(a *adminv1.Agent) agentJSON {
 		ID: a.Id, Name: a.Name, Strategy: a.Strategy, Offered: a.Offered, NotOffered: a.NotOffered,
 		Command: list(a.Command), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
 		Mounts: []mountJSON{}, AllowedDomains: list(a.AllowedDomains), DeniedDomains: list(a.DeniedDomains),
-		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir,
+		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{},
+	}
+	for _, b := range a.Secrets {
+		v.Secrets = append(v.Secrets, bindingJSON{Env: b.Env, Secret: b.Secret})
 	}
 	for _, m := range a.Mounts {
 		v.Mounts = append(v.Mounts, mountJSON{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})

@@ -15,6 +15,9 @@ type Agent struct {
 	Strategy strategy.Name `json:"strategy"`
 	Command  []string      `json:"command"`
 	Env      []string      `json:"env"` // KEY=VALUE
+	// Secrets bind variables to secrets of the daemon's store: the value on
+	// host, a placeholder of the session inside srt and microsandbox.
+	Secrets []SecretBinding `json:"secrets"`
 	// Workspace is a path relative to the agent directory.
 	Workspace string `json:"workspace"`
 	// SharedWorkspace is a host directory declared as shared; when set it is
@@ -29,6 +32,12 @@ type Agent struct {
 	// RunInSandbox is the setting of agents made before strategies existed.
 	// It is mapped to Strategy once, and then dropped.
 	RunInSandbox *bool `json:"runInSandbox,omitempty"`
+}
+
+// SecretBinding sets the variable Env from the secret named Secret.
+type SecretBinding struct {
+	Env    string `json:"env"`
+	Secret string `json:"secret"`
 }
 
 // Mount shares a host path into the agent's boundary.

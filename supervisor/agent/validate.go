@@ -29,6 +29,10 @@ var reservedEnv = map[string]string{
 // the root itself.
 var protectedTargets = []string{"/", "/proc", "/sys", "/dev"}
 
+// ValidName reports whether name is a good name for an agent or a secret:
+// 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit.
+func ValidName(name string) bool { return namePattern.MatchString(name) }
+
 // ValidateName checks an agent name.
 func ValidateName(name string) error {
 	if !namePattern.MatchString(name) {
@@ -62,6 +66,9 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 			return errdefs.InvalidArgument("agent %s: %v", a.Name, err)
 		}
 	}
+	if err := validateSecrets(a); err != nil {
+		return errdefs.InvalidArgument("agent %s: %v", a.Name, err)
+	}
 	if err := validateWorkspace(a, daemonHome, agentDir); err != nil {
 		return err
 	}
@@ -80,6 +87,45 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 		}
 	}
 	return validateResources(a.Name, a.Resources)
+}
+
+// validateSecrets checks the bindings' form; that each secret exists is
+// the daemon's check, which has the store.
+func validateSecrets(a *Agent) error {
+	plain := map[string]bool{}
+	for _, kv := range a.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		plain[k] = true
+	}
+	seen := map[string]bool{}
+	for _, b := range a.Secrets {
+		if !envKeyPattern.MatchString(b.Env) {
+			return fmt.Errorf("secret binding %s=%s: %q is not a variable name", b.Env, b.Secret, b.Env)
+		}
+		if what, ok := reservedEnv[b.Env]; ok {
+			return fmt.Errorf("secret binding %s: the daemon sets %s to %s", b.Env, b.Env, what)
+		}
+		if plain[b.Env] {
+			return fmt.Errorf("%s is both a plain --env and a --secret binding: keep one", b.Env)
+		}
+		if seen[b.Env] {
+			return fmt.Errorf("%s is bound to a secret twice", b.Env)
+		}
+		seen[b.Env] = true
+		if !ValidName(b.Secret) {
+			return fmt.Errorf("secret binding %s=%s: %q is not a secret name", b.Env, b.Secret, b.Secret)
+		}
+	}
+	return nil
+}
+
+// ParseSecretBinding reads --secret ENV_VAR=NAME.
+func ParseSecretBinding(s string) (SecretBinding, error) {
+	env, name, ok := strings.Cut(s, "=")
+	if !ok || env == "" || name == "" {
+		return SecretBinding{}, errdefs.InvalidArgument("--secret %q: want ENV_VAR=SECRET_NAME, for example ANTHROPIC_API_KEY=claude", s)
+	}
+	return SecretBinding{Env: env, Secret: name}, nil
 }
 
 func validateEnv(kv string) error {

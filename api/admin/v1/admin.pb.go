@@ -537,9 +537,10 @@ type Agent struct {
 	Resources       *Resources             `protobuf:"bytes,12,opt,name=resources,proto3" json:"resources,omitempty"`
 	CreatedAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Set by the daemon.
-	Dir           string `protobuf:"bytes,14,opt,name=dir,proto3" json:"dir,omitempty"`
-	Offered       bool   `protobuf:"varint,15,opt,name=offered,proto3" json:"offered,omitempty"`
-	NotOffered    string `protobuf:"bytes,16,opt,name=not_offered,json=notOffered,proto3" json:"not_offered,omitempty"` // why sessions of it are refused here
+	Dir           string           `protobuf:"bytes,14,opt,name=dir,proto3" json:"dir,omitempty"`
+	Offered       bool             `protobuf:"varint,15,opt,name=offered,proto3" json:"offered,omitempty"`
+	NotOffered    string           `protobuf:"bytes,16,opt,name=not_offered,json=notOffered,proto3" json:"not_offered,omitempty"` // why sessions of it are refused here
+	Secrets       []*SecretBinding `protobuf:"bytes,17,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -686,6 +687,402 @@ func (x *Agent) GetNotOffered() string {
 	return ""
 }
 
+func (x *Agent) GetSecrets() []*SecretBinding {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+// SecretBinding sets the variable env from a secret of the store.
+type SecretBinding struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Env           string                 `protobuf:"bytes,1,opt,name=env,proto3" json:"env,omitempty"`
+	Secret        string                 `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretBinding) Reset() {
+	*x = SecretBinding{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretBinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretBinding) ProtoMessage() {}
+
+func (x *SecretBinding) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretBinding.ProtoReflect.Descriptor instead.
+func (*SecretBinding) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SecretBinding) GetEnv() string {
+	if x != nil {
+		return x.Env
+	}
+	return ""
+}
+
+func (x *SecretBinding) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type Secret struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Hosts         []string               `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	Headers       []string               `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"` // none: any header
+	Preset        string                 `protobuf:"bytes,4,opt,name=preset,proto3" json:"preset,omitempty"`
+	Agents        []string               `protobuf:"bytes,5,rep,name=agents,proto3" json:"agents,omitempty"` // the agents bound to it
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Secret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *Secret) GetHeaders() []string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *Secret) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+func (x *Secret) GetAgents() []string {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *Secret) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Secret) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+type SetSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Hosts         []string               `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	Headers       []string               `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
+	Preset        string                 `protobuf:"bytes,5,opt,name=preset,proto3" json:"preset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSecretRequest) Reset() {
+	*x = SetSecretRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSecretRequest) ProtoMessage() {}
+
+func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSecretRequest.ProtoReflect.Descriptor instead.
+func (*SetSecretRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetSecretRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *SetSecretRequest) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *SetSecretRequest) GetHeaders() []string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *SetSecretRequest) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+type ListSecretsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsRequest) Reset() {
+	*x = ListSecretsRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsRequest) ProtoMessage() {}
+
+func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+type ListSecretsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secrets       []*Secret              `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsResponse) Reset() {
+	*x = ListSecretsResponse{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsResponse) ProtoMessage() {}
+
+func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListSecretsResponse) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+type RemoveSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"` // even while agents are bound to it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretRequest) Reset() {
+	*x = RemoveSecretRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretRequest) ProtoMessage() {}
+
+func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
+func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RemoveSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveSecretRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type RemoveSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretResponse) Reset() {
+	*x = RemoveSecretResponse{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretResponse) ProtoMessage() {}
+
+func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
+func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
 type CreateAgentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Agent         *Agent                 `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
@@ -695,7 +1092,7 @@ type CreateAgentRequest struct {
 
 func (x *CreateAgentRequest) Reset() {
 	*x = CreateAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +1104,7 @@ func (x *CreateAgentRequest) String() string {
 func (*CreateAgentRequest) ProtoMessage() {}
 
 func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +1117,7 @@ func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentRequest.ProtoReflect.Descriptor instead.
 func (*CreateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateAgentRequest) GetAgent() *Agent {
@@ -740,7 +1137,7 @@ type UpdateAgentRequest struct {
 
 func (x *UpdateAgentRequest) Reset() {
 	*x = UpdateAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +1149,7 @@ func (x *UpdateAgentRequest) String() string {
 func (*UpdateAgentRequest) ProtoMessage() {}
 
 func (x *UpdateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +1162,7 @@ func (x *UpdateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAgentRequest.ProtoReflect.Descriptor instead.
 func (*UpdateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdateAgentRequest) GetName() string {
@@ -791,7 +1188,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +1200,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +1213,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetAgentRequest) GetName() string {
@@ -834,7 +1231,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1243,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1256,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 type ListAgentsResponse struct {
@@ -871,7 +1268,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1280,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1293,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -915,7 +1312,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1324,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1337,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteAgentRequest) GetName() string {
@@ -958,7 +1355,7 @@ type DeleteAgentResponse struct {
 
 func (x *DeleteAgentResponse) Reset() {
 	*x = DeleteAgentResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1367,7 @@ func (x *DeleteAgentResponse) String() string {
 func (*DeleteAgentResponse) ProtoMessage() {}
 
 func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1380,7 @@ func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 type Session struct {
@@ -1017,7 +1414,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1426,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1439,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Session) GetId() string {
@@ -1209,7 +1606,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1618,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1631,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Violation) GetTime() *timestamppb.Timestamp {
@@ -1305,7 +1702,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1714,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1727,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Usage) GetMemoryBytes() uint64 {
@@ -1364,7 +1761,7 @@ type StartSessionRequest struct {
 
 func (x *StartSessionRequest) Reset() {
 	*x = StartSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1773,7 @@ func (x *StartSessionRequest) String() string {
 func (*StartSessionRequest) ProtoMessage() {}
 
 func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1786,7 @@ func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSessionRequest.ProtoReflect.Descriptor instead.
 func (*StartSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StartSessionRequest) GetAgent() string {
@@ -1415,7 +1812,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1824,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1837,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeSessionRequest) GetId() string {
@@ -1459,7 +1856,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1868,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1881,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListSessionsRequest) GetAgent() string {
@@ -1503,7 +1900,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1912,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1925,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -1547,7 +1944,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1956,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1969,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSessionRequest) GetId() string {
@@ -1592,7 +1989,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +2001,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +2014,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StopSessionRequest) GetId() string {
@@ -1644,7 +2041,7 @@ type KillSessionRequest struct {
 
 func (x *KillSessionRequest) Reset() {
 	*x = KillSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +2053,7 @@ func (x *KillSessionRequest) String() string {
 func (*KillSessionRequest) ProtoMessage() {}
 
 func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +2066,7 @@ func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionRequest.ProtoReflect.Descriptor instead.
 func (*KillSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *KillSessionRequest) GetId() string {
@@ -1694,7 +2091,7 @@ type KillSessionResponse struct {
 
 func (x *KillSessionResponse) Reset() {
 	*x = KillSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +2103,7 @@ func (x *KillSessionResponse) String() string {
 func (*KillSessionResponse) ProtoMessage() {}
 
 func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +2116,7 @@ func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionResponse.ProtoReflect.Descriptor instead.
 func (*KillSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 type WaitSessionRequest struct {
@@ -1731,7 +2128,7 @@ type WaitSessionRequest struct {
 
 func (x *WaitSessionRequest) Reset() {
 	*x = WaitSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +2140,7 @@ func (x *WaitSessionRequest) String() string {
 func (*WaitSessionRequest) ProtoMessage() {}
 
 func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +2153,7 @@ func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitSessionRequest.ProtoReflect.Descriptor instead.
 func (*WaitSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WaitSessionRequest) GetId() string {
@@ -1776,7 +2173,7 @@ type RemoveSessionRequest struct {
 
 func (x *RemoveSessionRequest) Reset() {
 	*x = RemoveSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +2185,7 @@ func (x *RemoveSessionRequest) String() string {
 func (*RemoveSessionRequest) ProtoMessage() {}
 
 func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +2198,7 @@ func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveSessionRequest) GetId() string {
@@ -1826,7 +2223,7 @@ type RemoveSessionResponse struct {
 
 func (x *RemoveSessionResponse) Reset() {
 	*x = RemoveSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2235,7 @@ func (x *RemoveSessionResponse) String() string {
 func (*RemoveSessionResponse) ProtoMessage() {}
 
 func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2248,7 @@ func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 type WriteStdinRequest struct {
@@ -1864,7 +2261,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2273,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2286,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1915,7 +2312,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2324,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2337,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1959,7 +2356,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2368,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2381,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -2002,7 +2399,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2411,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2424,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 type AttachRequest struct {
@@ -2041,7 +2438,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2450,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2463,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -2102,7 +2499,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2114,7 +2511,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2127,7 +2524,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -2167,7 +2564,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2576,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2589,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *EventsRequest) GetFollow() bool {
@@ -2216,7 +2613,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2625,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2638,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -2331,7 +2728,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
 	"\bdisk_gib\x18\x03 \x01(\rR\adiskGib\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xb1\x04\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xf1\x04\n" +
 	"\x05Agent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -2351,7 +2748,34 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x03dir\x18\x0e \x01(\tR\x03dir\x12\x18\n" +
 	"\aoffered\x18\x0f \x01(\bR\aoffered\x12\x1f\n" +
 	"\vnot_offered\x18\x10 \x01(\tR\n" +
-	"notOffered\"H\n" +
+	"notOffered\x12>\n" +
+	"\asecrets\x18\x11 \x03(\v2$.agentconnect.admin.v1.SecretBindingR\asecrets\"9\n" +
+	"\rSecretBinding\x12\x10\n" +
+	"\x03env\x18\x01 \x01(\tR\x03env\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xf2\x01\n" +
+	"\x06Secret\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05hosts\x18\x02 \x03(\tR\x05hosts\x12\x18\n" +
+	"\aheaders\x18\x03 \x03(\tR\aheaders\x12\x16\n" +
+	"\x06preset\x18\x04 \x01(\tR\x06preset\x12\x16\n" +
+	"\x06agents\x18\x05 \x03(\tR\x06agents\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\x84\x01\n" +
+	"\x10SetSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x18\n" +
+	"\aheaders\x18\x04 \x03(\tR\aheaders\x12\x16\n" +
+	"\x06preset\x18\x05 \x01(\tR\x06preset\"\x14\n" +
+	"\x12ListSecretsRequest\"N\n" +
+	"\x13ListSecretsResponse\x127\n" +
+	"\asecrets\x18\x01 \x03(\v2\x1d.agentconnect.admin.v1.SecretR\asecrets\"?\n" +
+	"\x13RemoveSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x16\n" +
+	"\x14RemoveSecretResponse\"H\n" +
 	"\x12CreateAgentRequest\x122\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.agentconnect.admin.v1.AgentR\x05agent\"\\\n" +
 	"\x12UpdateAgentRequest\x12\x12\n" +
@@ -2464,7 +2888,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x06STDOUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x022\x96\r\n" +
+	"\x06STDERR\x10\x022\xba\x0f\n" +
 	"\x05Admin\x12U\n" +
 	"\x06Status\x12$.agentconnect.admin.v1.StatusRequest\x1a%.agentconnect.admin.v1.StatusResponse\x12V\n" +
 	"\vCreateAgent\x12).agentconnect.admin.v1.CreateAgentRequest\x1a\x1c.agentconnect.admin.v1.Agent\x12V\n" +
@@ -2472,7 +2896,10 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\bGetAgent\x12&.agentconnect.admin.v1.GetAgentRequest\x1a\x1c.agentconnect.admin.v1.Agent\x12a\n" +
 	"\n" +
 	"ListAgents\x12(.agentconnect.admin.v1.ListAgentsRequest\x1a).agentconnect.admin.v1.ListAgentsResponse\x12d\n" +
-	"\vDeleteAgent\x12).agentconnect.admin.v1.DeleteAgentRequest\x1a*.agentconnect.admin.v1.DeleteAgentResponse\x12Z\n" +
+	"\vDeleteAgent\x12).agentconnect.admin.v1.DeleteAgentRequest\x1a*.agentconnect.admin.v1.DeleteAgentResponse\x12S\n" +
+	"\tSetSecret\x12'.agentconnect.admin.v1.SetSecretRequest\x1a\x1d.agentconnect.admin.v1.Secret\x12d\n" +
+	"\vListSecrets\x12).agentconnect.admin.v1.ListSecretsRequest\x1a*.agentconnect.admin.v1.ListSecretsResponse\x12g\n" +
+	"\fRemoveSecret\x12*.agentconnect.admin.v1.RemoveSecretRequest\x1a+.agentconnect.admin.v1.RemoveSecretResponse\x12Z\n" +
 	"\fStartSession\x12*.agentconnect.admin.v1.StartSessionRequest\x1a\x1e.agentconnect.admin.v1.Session\x12\\\n" +
 	"\rResumeSession\x12+.agentconnect.admin.v1.ResumeSessionRequest\x1a\x1e.agentconnect.admin.v1.Session\x12g\n" +
 	"\fListSessions\x12*.agentconnect.admin.v1.ListSessionsRequest\x1a+.agentconnect.admin.v1.ListSessionsResponse\x12V\n" +
@@ -2502,7 +2929,7 @@ func file_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_api_admin_v1_admin_proto_goTypes = []any{
 	(Stream)(0),                   // 0: agentconnect.admin.v1.Stream
 	(*StatusRequest)(nil),         // 1: agentconnect.admin.v1.StatusRequest
@@ -2512,98 +2939,115 @@ var file_api_admin_v1_admin_proto_goTypes = []any{
 	(*Mount)(nil),                 // 5: agentconnect.admin.v1.Mount
 	(*Resources)(nil),             // 6: agentconnect.admin.v1.Resources
 	(*Agent)(nil),                 // 7: agentconnect.admin.v1.Agent
-	(*CreateAgentRequest)(nil),    // 8: agentconnect.admin.v1.CreateAgentRequest
-	(*UpdateAgentRequest)(nil),    // 9: agentconnect.admin.v1.UpdateAgentRequest
-	(*GetAgentRequest)(nil),       // 10: agentconnect.admin.v1.GetAgentRequest
-	(*ListAgentsRequest)(nil),     // 11: agentconnect.admin.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 12: agentconnect.admin.v1.ListAgentsResponse
-	(*DeleteAgentRequest)(nil),    // 13: agentconnect.admin.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),   // 14: agentconnect.admin.v1.DeleteAgentResponse
-	(*Session)(nil),               // 15: agentconnect.admin.v1.Session
-	(*Violation)(nil),             // 16: agentconnect.admin.v1.Violation
-	(*Usage)(nil),                 // 17: agentconnect.admin.v1.Usage
-	(*StartSessionRequest)(nil),   // 18: agentconnect.admin.v1.StartSessionRequest
-	(*ResumeSessionRequest)(nil),  // 19: agentconnect.admin.v1.ResumeSessionRequest
-	(*ListSessionsRequest)(nil),   // 20: agentconnect.admin.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 21: agentconnect.admin.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),     // 22: agentconnect.admin.v1.GetSessionRequest
-	(*StopSessionRequest)(nil),    // 23: agentconnect.admin.v1.StopSessionRequest
-	(*KillSessionRequest)(nil),    // 24: agentconnect.admin.v1.KillSessionRequest
-	(*KillSessionResponse)(nil),   // 25: agentconnect.admin.v1.KillSessionResponse
-	(*WaitSessionRequest)(nil),    // 26: agentconnect.admin.v1.WaitSessionRequest
-	(*RemoveSessionRequest)(nil),  // 27: agentconnect.admin.v1.RemoveSessionRequest
-	(*RemoveSessionResponse)(nil), // 28: agentconnect.admin.v1.RemoveSessionResponse
-	(*WriteStdinRequest)(nil),     // 29: agentconnect.admin.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 30: agentconnect.admin.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),     // 31: agentconnect.admin.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),    // 32: agentconnect.admin.v1.CloseStdinResponse
-	(*AttachRequest)(nil),         // 33: agentconnect.admin.v1.AttachRequest
-	(*OutputChunk)(nil),           // 34: agentconnect.admin.v1.OutputChunk
-	(*EventsRequest)(nil),         // 35: agentconnect.admin.v1.EventsRequest
-	(*Event)(nil),                 // 36: agentconnect.admin.v1.Event
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*SecretBinding)(nil),         // 8: agentconnect.admin.v1.SecretBinding
+	(*Secret)(nil),                // 9: agentconnect.admin.v1.Secret
+	(*SetSecretRequest)(nil),      // 10: agentconnect.admin.v1.SetSecretRequest
+	(*ListSecretsRequest)(nil),    // 11: agentconnect.admin.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),   // 12: agentconnect.admin.v1.ListSecretsResponse
+	(*RemoveSecretRequest)(nil),   // 13: agentconnect.admin.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),  // 14: agentconnect.admin.v1.RemoveSecretResponse
+	(*CreateAgentRequest)(nil),    // 15: agentconnect.admin.v1.CreateAgentRequest
+	(*UpdateAgentRequest)(nil),    // 16: agentconnect.admin.v1.UpdateAgentRequest
+	(*GetAgentRequest)(nil),       // 17: agentconnect.admin.v1.GetAgentRequest
+	(*ListAgentsRequest)(nil),     // 18: agentconnect.admin.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),    // 19: agentconnect.admin.v1.ListAgentsResponse
+	(*DeleteAgentRequest)(nil),    // 20: agentconnect.admin.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),   // 21: agentconnect.admin.v1.DeleteAgentResponse
+	(*Session)(nil),               // 22: agentconnect.admin.v1.Session
+	(*Violation)(nil),             // 23: agentconnect.admin.v1.Violation
+	(*Usage)(nil),                 // 24: agentconnect.admin.v1.Usage
+	(*StartSessionRequest)(nil),   // 25: agentconnect.admin.v1.StartSessionRequest
+	(*ResumeSessionRequest)(nil),  // 26: agentconnect.admin.v1.ResumeSessionRequest
+	(*ListSessionsRequest)(nil),   // 27: agentconnect.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),  // 28: agentconnect.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),     // 29: agentconnect.admin.v1.GetSessionRequest
+	(*StopSessionRequest)(nil),    // 30: agentconnect.admin.v1.StopSessionRequest
+	(*KillSessionRequest)(nil),    // 31: agentconnect.admin.v1.KillSessionRequest
+	(*KillSessionResponse)(nil),   // 32: agentconnect.admin.v1.KillSessionResponse
+	(*WaitSessionRequest)(nil),    // 33: agentconnect.admin.v1.WaitSessionRequest
+	(*RemoveSessionRequest)(nil),  // 34: agentconnect.admin.v1.RemoveSessionRequest
+	(*RemoveSessionResponse)(nil), // 35: agentconnect.admin.v1.RemoveSessionResponse
+	(*WriteStdinRequest)(nil),     // 36: agentconnect.admin.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 37: agentconnect.admin.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),     // 38: agentconnect.admin.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),    // 39: agentconnect.admin.v1.CloseStdinResponse
+	(*AttachRequest)(nil),         // 40: agentconnect.admin.v1.AttachRequest
+	(*OutputChunk)(nil),           // 41: agentconnect.admin.v1.OutputChunk
+	(*EventsRequest)(nil),         // 42: agentconnect.admin.v1.EventsRequest
+	(*Event)(nil),                 // 43: agentconnect.admin.v1.Event
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 }
 var file_api_admin_v1_admin_proto_depIdxs = []int32{
-	37, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	44, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: agentconnect.admin.v1.StatusResponse.strategies:type_name -> agentconnect.admin.v1.Strategy
 	3,  // 2: agentconnect.admin.v1.StatusResponse.cgroups:type_name -> agentconnect.admin.v1.Cgroups
 	5,  // 3: agentconnect.admin.v1.Agent.mounts:type_name -> agentconnect.admin.v1.Mount
 	6,  // 4: agentconnect.admin.v1.Agent.resources:type_name -> agentconnect.admin.v1.Resources
-	37, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 6: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
-	7,  // 7: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
-	7,  // 8: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
-	37, // 9: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	37, // 10: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	37, // 11: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
-	17, // 12: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
-	16, // 13: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
-	37, // 14: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
-	37, // 15: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
-	15, // 16: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
-	0,  // 17: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	37, // 18: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1,  // 19: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	8,  // 20: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	9,  // 21: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	10, // 22: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	11, // 23: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	13, // 24: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	18, // 25: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	19, // 26: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	20, // 27: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	22, // 28: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	23, // 29: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	24, // 30: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	26, // 31: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	27, // 32: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	29, // 33: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	31, // 34: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	33, // 35: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	35, // 36: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 37: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 38: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 39: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 40: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	12, // 41: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	14, // 42: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	15, // 43: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	15, // 44: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	21, // 45: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	15, // 46: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	15, // 47: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	25, // 48: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	15, // 49: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	28, // 50: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	30, // 51: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	32, // 52: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	34, // 53: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	36, // 54: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	37, // [37:55] is the sub-list for method output_type
-	19, // [19:37] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	44, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	8,  // 6: agentconnect.admin.v1.Agent.secrets:type_name -> agentconnect.admin.v1.SecretBinding
+	44, // 7: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
+	44, // 8: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	9,  // 9: agentconnect.admin.v1.ListSecretsResponse.secrets:type_name -> agentconnect.admin.v1.Secret
+	7,  // 10: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
+	7,  // 11: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
+	7,  // 12: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
+	44, // 13: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	44, // 14: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	44, // 15: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
+	24, // 16: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
+	23, // 17: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
+	44, // 18: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
+	44, // 19: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
+	22, // 20: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
+	0,  // 21: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
+	44, // 22: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	1,  // 23: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	15, // 24: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	16, // 25: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	17, // 26: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	18, // 27: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	20, // 28: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	10, // 29: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
+	11, // 30: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
+	13, // 31: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
+	25, // 32: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	26, // 33: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	27, // 34: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	29, // 35: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	30, // 36: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	31, // 37: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	33, // 38: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	34, // 39: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	36, // 40: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	38, // 41: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	40, // 42: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	42, // 43: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	4,  // 44: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 45: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 46: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 47: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	19, // 48: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	21, // 49: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	9,  // 50: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
+	12, // 51: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
+	14, // 52: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
+	22, // 53: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	22, // 54: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	28, // 55: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	22, // 56: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	22, // 57: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	32, // 58: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	22, // 59: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	35, // 60: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	37, // 61: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	39, // 62: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	41, // 63: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	43, // 64: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	44, // [44:65] is the sub-list for method output_type
+	23, // [23:44] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }
@@ -2617,7 +3061,7 @@ func file_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_admin_v1_admin_proto_rawDesc), len(file_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

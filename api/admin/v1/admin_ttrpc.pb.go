@@ -14,6 +14,9 @@ type AdminService interface {
 	GetAgent(context.Context, *GetAgentRequest) (*Agent, error)
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error)
+	SetSecret(context.Context, *SetSecretRequest) (*Secret, error)
+	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
+	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
 	StartSession(context.Context, *StartSessionRequest) (*Session, error)
 	ResumeSession(context.Context, *ResumeSessionRequest) (*Session, error)
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
@@ -98,6 +101,27 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 					return nil, err
 				}
 				return svc.DeleteAgent(ctx, &req)
+			},
+			"SetSecret": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SetSecretRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SetSecret(ctx, &req)
+			},
+			"ListSecrets": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListSecretsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListSecrets(ctx, &req)
+			},
+			"RemoveSecret": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RemoveSecretRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.RemoveSecret(ctx, &req)
 			},
 			"StartSession": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req StartSessionRequest
@@ -204,6 +228,9 @@ type AdminClient interface {
 	GetAgent(context.Context, *GetAgentRequest) (*Agent, error)
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error)
+	SetSecret(context.Context, *SetSecretRequest) (*Secret, error)
+	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
+	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
 	StartSession(context.Context, *StartSessionRequest) (*Session, error)
 	ResumeSession(context.Context, *ResumeSessionRequest) (*Session, error)
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
@@ -271,6 +298,30 @@ func (c *adminClient) ListAgents(ctx context.Context, req *ListAgentsRequest) (*
 func (c *adminClient) DeleteAgent(ctx context.Context, req *DeleteAgentRequest) (*DeleteAgentResponse, error) {
 	var resp DeleteAgentResponse
 	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "DeleteAgent", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) SetSecret(ctx context.Context, req *SetSecretRequest) (*Secret, error) {
+	var resp Secret
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "SetSecret", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) ListSecrets(ctx context.Context, req *ListSecretsRequest) (*ListSecretsResponse, error) {
+	var resp ListSecretsResponse
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "ListSecrets", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) RemoveSecret(ctx context.Context, req *RemoveSecretRequest) (*RemoveSecretResponse, error) {
+	var resp RemoveSecretResponse
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "RemoveSecret", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

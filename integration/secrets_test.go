@@ -1,0 +1,172 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// The value the tests store: searched for everywhere it must not be.
+const secretValue = "sk-ant-test-VALUE-0f9e8d7c6b5a4321"
+
+// valueHash is secretValue's sha256, which commands in a session look for.
+var valueHash = func() string { h := sha256.Sum256([]byte(secretValue)); return hex.EncodeToString(h[:]) }()
+
+// TestSecretsStore: set takes the value on stdin only and never shows it;
+// ls names hosts and the agents bound; rm is refused while an agent is
+// bound, unless --force; bad input changes nothing.
+func TestSecretsStore(t *testing.T) {
+	home := newHome(t)
+	startDaemon(t, home)
+
+	if r := run(t, home, secretValue+"\n", "secret", "set", "claude", "--preset", "anthropic", "--host", "gw.example.com:8443"); r.code != 0 || strings.Contains(r.stdout+r.stderr, secretValue) {
+		t.Fatalf("secret set: %+v", r)
+	}
+	path := filepath.Join(home, "secrets", "secrets.json")
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the store: %v, %v; want mode 0600", err, fi)
+	}
+	for _, bad := range [][]string{
+		{"secret", "set", "empty", "--host", "example.com"},               // no value on stdin
+		{"secret", "set", "nohost"},                                       // no host
+		{"secret", "set", "claude", "--preset", "nope"},                   // no such preset
+		{"secret", "set", "claude", "--host", "example.com", secretValue}, // the value in argv
+	} {
+		stdin := ""
+		if bad[2] != "empty" {
+			stdin = "other-value"
+		}
+		before, _ := os.ReadFile(path)
+		r := run(t, home, stdin, bad...)
+		after, _ := os.ReadFile(path)
+		if r.code == 0 || r.stderr == "" || !bytes.Equal(before, after) {
+			t.Errorf("%v: exit %d, %q; want a refusal that changes nothing", bad, r.code, r.stderr)
+		}
+		t.Logf("%v: %s", bad[2:], strings.TrimSpace(r.stderr))
+	}
+
+	ok(t, home, "agent", "create", "bound", "--secret", "ANTHROPIC_API_KEY=claude", "--", "true")
+	if r := run(t, home, "", "agent", "create", "unbound", "--secret", "KEY=missing", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "secret set missing") {
+		t.Errorf("an agent bound to a missing secret: %+v", r)
+	}
+	if r := run(t, home, "", "agent", "create", "twice", "--env", "KEY=x", "--secret", "KEY=claude", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "both") {
+		t.Errorf("a variable both plain and bound: %+v", r)
+	}
+	var secrets []struct {
+		Name    string
+		Hosts   []string
+		Headers []string
+		Agents  []string
+		Value   *string `json:"value"`
+	}
+	okJSON(t, home, &secrets, "secret", "ls")
+	if len(secrets) != 1 || secrets[0].Value != nil || strings.Join(secrets[0].Hosts, " ") != "api.anthropic.com gw.example.com:8443" ||
+		strings.Join(secrets[0].Agents, " ") != "bound" || strings.Join(secrets[0].Headers, " ") != "authorization x-api-key" {
+		t.Errorf("secret ls --json = %+v", secrets)
+	}
+	if out := ok(t, home, "agent", "show", "bound"); !strings.Contains(out, "ANTHROPIC_API_KEY from claude (the real value: host has no boundary)") {
+		t.Errorf("agent show does not say what a host session gets:\n%s", out)
+	}
+
+	if r := run(t, home, "", "secret", "rm", "claude"); r.code == 0 || !strings.Contains(r.stderr, "bound to agent bound") || !strings.Contains(r.stderr, "--force") {
+		t.Errorf("secret rm while bound: %+v", r)
+	}
+	ok(t, home, "secret", "rm", "--force", "claude")
+	if r := run(t, home, "", "session", "start", "bound"); r.code == 0 || !strings.Contains(r.stderr, "was removed") {
+		t.Errorf("a session bound to a removed secret: %+v", r)
+	}
+	checkNoValue(t, home)
+}
+
+// TestSecretReachesOnlyWhatItMay: on host the runtime's variable holds the
+// value; inside srt a placeholder, unique to the session. Neither the
+// session's files nor the daemon's log or state hold the value.
+func TestSecretReachesOnlyWhatItMay(t *testing.T) {
+	requireBwrap(t)
+	home := newHome(t)
+	startDaemon(t, home)
+	run(t, home, secretValue, "secret", "set", "claude", "--preset", "anthropic")
+	// The runtimes print the variable's hash, so that the output log does
+	// not hold the value either; a placeholder is printed as it is.
+	ok(t, home, "agent", "create", "onhost", "--strategy", "host", "--secret", "ANTHROPIC_API_KEY=claude", "--",
+		"sh", "-c", `printf %s "$ANTHROPIC_API_KEY" | sha256sum`)
+	ok(t, home, "agent", "create", "insrt", "--strategy", "srt", "--secret", "ANTHROPIC_API_KEY=claude", "--",
+		"sh", "-c", `printf %s "$ANTHROPIC_API_KEY"`)
+
+	if out := ok(t, home, "exec", "--keep", "onhost"); !strings.HasPrefix(out, valueHash+" ") {
+		t.Errorf("host: the runtime's ANTHROPIC_API_KEY hashes to %q, want the value's hash %s", out, valueHash)
+	}
+	first, second := ok(t, home, "exec", "--keep", "insrt"), ok(t, home, "exec", "--keep", "insrt")
+	for _, got := range []string{first, second} {
+		if !strings.HasPrefix(got, "agentconnect-placeholder-") || strings.Contains(got, secretValue) {
+			t.Errorf("srt: the runtime's ANTHROPIC_API_KEY is %q, want a placeholder", got)
+		}
+	}
+	if first == second {
+		t.Errorf("two srt sessions got the same placeholder %q", first)
+	}
+	// An environment search from inside: nothing of the value anywhere
+	// the sandbox's processes can read.
+	// It looks for the value's hash among the hashes of every variable's
+	// value, so that the command does not hold the value.
+	ok(t, home, "agent", "create", "search", "--strategy", "srt", "--secret", "ANTHROPIC_API_KEY=claude", "--",
+		"sh", "-c", `n=0; for f in /proc/[0-9]*/environ; do tr '\0' '\n' < $f 2>/dev/null; done | while IFS= read -r kv; do
+			printf %s "${kv#*=}" | sha256sum; done | grep -c `+valueHash+` || true`)
+	if out := strings.TrimSpace(ok(t, home, "exec", "search")); out != "0" {
+		t.Errorf("srt: the value is in %s environments of the sandbox's processes", out)
+	}
+	checkNoValue(t, home)
+}
+
+// checkNoValue fails if the value is in any file of the home but the
+// store's own: session.json, the logs, agent.json, events.
+func checkNoValue(t *testing.T, home string) {
+	t.Helper()
+	filepath.WalkDir(home, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || p == filepath.Join(home, "secrets", "secrets.json") {
+			return nil
+		}
+		if data, err := os.ReadFile(p); err == nil && bytes.Contains(data, []byte(secretValue)) {
+			t.Errorf("%s holds the secret's value", p)
+		}
+		return nil
+	})
+}
+
+// TestDaemonAndShimsAreNotDumpable: the processes that hold values write
+// no core dump and let no other process of their user read their memory:
+// the kernel gives a non-dumpable process's /proc/PID/environ (and mem,
+// maps, ...) to root.
+func TestDaemonAndShimsAreNotDumpable(t *testing.T) {
+	requireRoot(t)
+	home := nobodyHome(t)
+	d := &daemon{t: t, home: home, cred: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	d.start()
+	t.Cleanup(d.cleanup)
+	ok(t, home, "agent", "create", "idle", "--", "sleep", "600")
+	id := strings.TrimSpace(ok(t, home, "session", "start", "idle"))
+	s := show(t, home, id)
+	owner := func(pid int) uint32 {
+		fi, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/environ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Uid
+	}
+	if u := owner(d.pid()); u != 0 {
+		t.Errorf("the daemon's /proc/PID/environ is uid %d's: it is dumpable", u)
+	}
+	if u := owner(s.ShimPID); u != 0 {
+		t.Errorf("the shim's /proc/PID/environ is uid %d's: it is dumpable", u)
+	}
+	if u := owner(s.PID); u != nobody {
+		t.Errorf("the runtime's /proc/PID/environ is uid %d's, want %d: the runtime is the user's own", u, nobody)
+	}
+}
