@@ -1,0 +1,253 @@
+// Package inject puts a session's secrets on the wire: a connection to a
+// host a secret is bound to is intercepted with a certificate of the
+// session's own CA, each request's placeholders are swapped for the values
+// in the secret's headers (inside Basic credentials too), the request goes
+// on over TLS verified against the host's trust store, and the value is
+// swapped back for the placeholder in what comes back, so that no echo of
+// it reaches the session.
+//
+// The proxy in front of it (srt's, or the VM's network stack) decides the
+// policy and dials: Intercept gets the client's connection and the
+// upstream one, already connected to the address the policy allowed.
+package inject
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
+)
+
+// Secret is one binding of a session: what stands for the value inside,
+// the value, and where it may go.
+type Secret struct {
+	Placeholder string
+	Value       string
+	// Hosts are network policy entries: a name, *.name or an IP, each with
+	// an optional :port.
+	Hosts []string
+	// Headers are the request headers (lower case) the value may be put
+	// in; none means any.
+	Headers []string
+}
+
+// Config is an injector's secrets and trust.
+type Config struct {
+	Secrets []Secret
+	// RootCAs verify the hosts' certificates; nil means the system's.
+	RootCAs *x509.CertPool
+	// Logf reports what was refused, naming hosts and secrets by their
+	// placeholders' hosts, never values.
+	Logf func(format string, args ...any)
+}
+
+// Injector intercepts one session's connections to bound hosts.
+type Injector struct {
+	cfg     Config
+	ca      *ca
+	secrets []boundSecret
+}
+
+type boundSecret struct {
+	Secret
+	hosts *netpolicy.Policy
+}
+
+// New makes the session's CA and checks the secrets.
+func New(cfg Config) (*Injector, error) {
+	in := &Injector{cfg: cfg}
+	var hosts []string
+	for _, s := range cfg.Secrets {
+		if s.Placeholder == "" || s.Value == "" || len(s.Hosts) == 0 {
+			return nil, errors.New("inject: a secret needs a placeholder, a value and a host")
+		}
+		p, err := netpolicy.New(s.Hosts, nil)
+		if err != nil {
+			return nil, fmt.Errorf("inject: %w", err)
+		}
+		in.secrets = append(in.secrets, boundSecret{Secret: s, hosts: p})
+		for _, h := range s.Hosts {
+			host := h
+			if hh, _, err := net.SplitHostPort(h); err == nil {
+				host = hh
+			}
+			hosts = append(hosts, strings.Trim(host, "[]"))
+		}
+	}
+	if in.cfg.Logf == nil {
+		in.cfg.Logf = func(string, ...any) {}
+	}
+	ca, err := newCA(hosts)
+	if err != nil {
+		return nil, err
+	}
+	in.ca = ca
+	return in, nil
+}
+
+// CACertPEM is the session CA's certificate, for the boundary's trust
+// store. Its key stays in this process.
+func (in *Injector) CACertPEM() []byte { return in.ca.pem }
+
+// Binds reports whether a secret is bound to host:port: the proxy hands
+// such connections to Intercept and tunnels every other one untouched.
+func (in *Injector) Binds(host string, port int) bool {
+	for _, s := range in.secrets {
+		if s.hosts.CheckName(host, port).Allow {
+			return true
+		}
+	}
+	return false
+}
+
+// swapRequest puts the values of the secrets bound to host:port in h, in
+// place of their placeholders: in the headers each secret allows, and in
+// Basic credentials, decoded and encoded again. Placeholders of secrets not
+// bound here are left as they are: they are worthless outside. It returns
+// the encoded credentials it made, each with what it stood for inside, so
+// that an echo of them is redacted too.
+func (in *Injector) swapRequest(h http.Header, host string, port int) [][2][]byte {
+	var made [][2][]byte
+	for _, s := range in.secrets {
+		if !s.hosts.CheckName(host, port).Allow {
+			continue
+		}
+		for name, values := range h {
+			if len(s.Headers) > 0 && !containsFold(s.Headers, name) {
+				continue
+			}
+			for i, v := range values {
+				swapped := swapValue(v, s.Placeholder, s.Value)
+				if _, cred, ok := strings.Cut(swapped, " "); ok && swapped != strings.ReplaceAll(v, s.Placeholder, s.Value) {
+					_, inside, _ := strings.Cut(v, " ")
+					made = append(made, [2][]byte{[]byte(cred), []byte(strings.TrimSpace(inside))})
+				}
+				values[i] = swapped
+			}
+		}
+	}
+	return made
+}
+
+// swapValue replaces old by new in a header value, and inside a Basic
+// credential (base64 of user:password) too.
+func swapValue(v, old, new string) string {
+	v = strings.ReplaceAll(v, old, new)
+	scheme, cred, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "basic") {
+		return v
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil || !bytes.Contains(raw, []byte(old)) {
+		return v
+	}
+	return scheme + " " + base64.StdEncoding.EncodeToString(bytes.ReplaceAll(raw, []byte(old), []byte(new)))
+}
+
+// pairs are the byte strings to swap back in what a host sends: each
+// value for its placeholder, and the encoded credentials made from them.
+func (in *Injector) pairs(made [][2][]byte) [][2][]byte {
+	var p [][2][]byte
+	for _, s := range in.secrets {
+		p = append(p, [2][]byte{[]byte(s.Value), []byte(s.Placeholder)})
+	}
+	return append(p, made...)
+}
+
+// redactHeader swaps every pair back in every header of a response.
+func redactHeader(h http.Header, pairs [][2][]byte) {
+	for _, values := range h {
+		for i, v := range values {
+			for _, p := range pairs {
+				v = strings.ReplaceAll(v, string(p[0]), string(p[1]))
+			}
+			values[i] = v
+		}
+	}
+}
+
+func containsFold(list []string, s string) bool {
+	for _, v := range list {
+		if strings.EqualFold(v, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Intercept serves one connection of the session to host:port, which Binds
+// said is bound: client is the session's side, upstream a connection to
+// the address the proxy allowed. It returns when either side is done; both
+// connections are closed then.
+func (in *Injector) Intercept(ctx context.Context, client, upstream net.Conn, host string, port int) error {
+	defer client.Close()
+	defer upstream.Close()
+	leaf, err := in.ca.leaf(host)
+	if err != nil {
+		return err
+	}
+	var sni string
+	tc := tls.Server(client, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			sni = hello.ServerName
+			// The name the client checks must be the one the proxy let it
+			// reach: a tunnel to one host may not ask for another's value.
+			if sni != "" && !strings.EqualFold(sni, host) {
+				return nil, fmt.Errorf("the TLS server name %q is not %s, which the connection was opened to", sni, host)
+			}
+			return leaf, nil
+		},
+	})
+	if err := tc.HandshakeContext(ctx); err != nil {
+		in.cfg.Logf("secret injection for %s:%d: refused the session's TLS handshake: %v", host, port, err)
+		return fmt.Errorf("%s:%d: TLS with the session: %w", host, port, err)
+	}
+	uc := tls.Client(upstream, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: host,
+		RootCAs:    in.cfg.RootCAs,
+		// Either side's protocol works with either of the other's: each
+		// request is forwarded on its own.
+		NextProtos: []string{"h2", "http/1.1"},
+	})
+	if err := uc.HandshakeContext(ctx); err != nil {
+		in.cfg.Logf("secret injection for %s:%d: %v", host, port, err)
+		// The session's client sees a reason instead of a reset.
+		refuse(tc, fmt.Sprintf("agentconnect: %s:%d did not prove who it is (%v): no secret was sent to it", host, port, err))
+		return fmt.Errorf("%s:%d: TLS upstream: %w", host, port, err)
+	}
+	return in.serve(ctx, tc, uc, host, port)
+}
+
+// refuse answers the session's first request on c with a 502 that says why,
+// then closes it.
+func refuse(c *tls.Conn, msg string) {
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if c.ConnectionState().NegotiatedProtocol == "h2" {
+		(&http2.Server{}).ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, msg, http.StatusBadGateway)
+		})})
+		return
+	}
+	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+		return
+	}
+	body := msg + "\n"
+	fmt.Fprintf(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+}

@@ -1,0 +1,293 @@
+package inject
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+const (
+	value       = "sk-real-VALUE-1234567890"
+	placeholder = "agentconnect-placeholder-00112233445566778899aabbccddeeff"
+	otherValue  = "ghp-other-VALUE-abcdef"
+	otherPH     = "agentconnect-placeholder-ffeeddccbbaa99887766554433221100"
+)
+
+// echoHost is a bound host's stand-in: it answers with the request's
+// headers, in its body and in a response header, as an echo service
+// would, gzip-encoded when asked for /gzip.
+func echoHost(t *testing.T) *httptest.Server {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var lines []string
+		for k, v := range r.Header {
+			lines = append(lines, k+": "+strings.Join(v, ","))
+		}
+		sort.Strings(lines)
+		body := []byte(r.Proto + "\n" + strings.Join(lines, "\n") + "\n")
+		w.Header().Set("X-Echo", r.Header.Get("X-Api-Key"))
+		if r.URL.Path == "/gzip" {
+			var buf bytes.Buffer
+			zw := gzip.NewWriter(&buf)
+			zw.Write(body)
+			zw.Close()
+			w.Header().Set("Content-Encoding", "gzip")
+			body = buf.Bytes()
+		}
+		w.Write(body)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// session starts an injector for the secrets and a proxy stand-in on
+// loopback that hands every connection to Intercept for example.com:443,
+// dialed to upstream; it returns a client of the session's side.
+func session(t *testing.T, upstream *httptest.Server, roots *x509.CertPool, h2 bool, secrets ...Secret) (*http.Client, *Injector, chan error, string) {
+	t.Helper()
+	if roots == nil {
+		roots = x509.NewCertPool()
+		roots.AddCert(upstream.Certificate())
+	}
+	in, err := New(Config{Secrets: secrets, RootCAs: roots, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	done := make(chan error, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream.Listener.Addr().String())
+			if err != nil {
+				c.Close()
+				done <- err
+				continue
+			}
+			go func() { done <- in.Intercept(context.Background(), c, up, "example.com", 443) }()
+		}
+	}()
+	trusted := x509.NewCertPool()
+	if !trusted.AppendCertsFromPEM(in.CACertPEM()) {
+		t.Fatal("the session CA's PEM does not parse")
+	}
+	tr := &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", l.Addr().String()) },
+		TLSClientConfig:   &tls.Config{RootCAs: trusted},
+		ForceAttemptHTTP2: h2,
+	}
+	if !h2 {
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}, in, done, l.Addr().String()
+}
+
+func get(t *testing.T, c *http.Client, url string, header map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for k, v := range header {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+var anthropic = Secret{Placeholder: placeholder, Value: value, Hosts: []string{"example.com"}, Headers: []string{"x-api-key", "authorization"}}
+
+// TestSwapsTowardTheBoundHostOnly: the host gets the value in the headers
+// the secret allows, a Basic credential included; a header it does not
+// allow, and another host's secret, keep their placeholders; nothing the
+// host sends back holds the value. Over HTTP/1.1 and HTTP/2.
+func TestSwapsTowardTheBoundHostOnly(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			up := echoHost(t)
+			other := Secret{Placeholder: otherPH, Value: otherValue, Hosts: []string{"github.com"}}
+			c, in, _, _ := session(t, up, nil, h2, anthropic, other)
+			if !in.Binds("example.com", 443) || in.Binds("example.org", 443) || !in.Binds("github.com", 22) {
+				t.Errorf("Binds: example.com %v, example.org %v, github.com:22 %v", in.Binds("example.com", 443), in.Binds("example.org", 443), in.Binds("github.com", 22))
+			}
+			basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+placeholder))
+			resp, body := get(t, c, "https://example.com/", map[string]string{
+				"X-Api-Key": placeholder, "Authorization": basic, "X-Other": placeholder, "X-Github": otherPH,
+			})
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if want := "HTTP/2.0"; h2 && !strings.HasPrefix(body, want) {
+				t.Errorf("upstream saw %q, want %s", strings.SplitN(body, "\n", 2)[0], want)
+			}
+			// What the host received, as the echo shows it (redacted).
+			for _, want := range []string{
+				"X-Api-Key: " + placeholder, // swapped on the way out, back in the echo
+				"X-Other: " + placeholder,   // not a header the secret may travel in
+				"X-Github: " + otherPH,      // another host's secret
+				"Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+placeholder)),
+			} {
+				if !strings.Contains(body, want) {
+					t.Errorf("echo lacks %q:\n%s", want, body)
+				}
+			}
+			if strings.Contains(body, value) || resp.Header.Get("X-Echo") != placeholder {
+				t.Errorf("the value came back: X-Echo %q, body:\n%s", resp.Header.Get("X-Echo"), body)
+			}
+			// gzip is decoded, so that it is redacted too.
+			resp, body = get(t, c, "https://example.com/gzip", map[string]string{"X-Api-Key": placeholder, "Accept-Encoding": "gzip"})
+			if strings.Contains(body, value) || !strings.Contains(body, "X-Api-Key: "+placeholder) || resp.Header.Get("Content-Encoding") != "" {
+				t.Errorf("gzip answer: %v\n%s", resp.Header, body)
+			}
+		})
+	}
+}
+
+// TestTheHostReceivesTheValue checks the swap at the host itself, not
+// through its (redacted) echo.
+func TestTheHostReceivesTheValue(t *testing.T) {
+	got := make(chan http.Header, 1)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
+	up.StartTLS()
+	defer up.Close()
+	c, _, _, _ := session(t, up, nil, false, anthropic)
+	get(t, c, "https://example.com/", map[string]string{
+		"X-Api-Key": placeholder, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+placeholder)),
+	})
+	h := <-got
+	if h.Get("X-Api-Key") != value {
+		t.Errorf("the host got X-Api-Key %q, want the value", h.Get("X-Api-Key"))
+	}
+	if raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(h.Get("Authorization"), "Basic ")); string(raw) != "u:"+value {
+		t.Errorf("the host got Basic %q, want u:<value>", raw)
+	}
+}
+
+// TestRefusals: a Host or a TLS server name other than the connection's
+// target gets nothing.
+func TestRefusals(t *testing.T) {
+	up := echoHost(t)
+	c, _, done, addr := session(t, up, nil, false, anthropic)
+	resp, body := get(t, c, "https://example.com/", map[string]string{"Host": "api.example.com", "X-Api-Key": placeholder})
+	if resp.StatusCode != http.StatusMisdirectedRequest || strings.Contains(body, value) {
+		t.Errorf("a Host other than the tunnel's: %d %s", resp.StatusCode, body)
+	}
+	// The client's own check is off: the refusal must be the injector's.
+	conn, err := tls.Dial("tcp", addr, &tls.Config{ServerName: "api.example.com", InsecureSkipVerify: true})
+	if err == nil {
+		conn.Close()
+		t.Error("a TLS server name other than the tunnel's was served")
+	}
+	// The first connection (the Host test's) ends without an error; the
+	// second must end with the refusal.
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			if err == nil {
+				continue
+			}
+			if !strings.Contains(err.Error(), `"api.example.com" is not example.com`) {
+				t.Errorf("Intercept: %v", err)
+			}
+			return
+		case <-deadline:
+			t.Fatal("Intercept did not refuse the other server name")
+		}
+	}
+}
+
+// TestUnverifiedHostGetsNothing: the host's certificate is checked against
+// the trust store given; one that does not verify is refused, with a reason
+// the session's client can read, and no request reaches it.
+func TestUnverifiedHostGetsNothing(t *testing.T) {
+	reached := make(chan struct{}, 1)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached <- struct{}{} }))
+	up.StartTLS()
+	defer up.Close()
+	c, _, done, _ := session(t, up, x509.NewCertPool(), false, anthropic)
+	resp, body := get(t, c, "https://example.com/", map[string]string{"X-Api-Key": placeholder})
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "did not prove who it is") {
+		t.Errorf("an unverified host: %d %q", resp.StatusCode, body)
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "TLS upstream") {
+		t.Errorf("Intercept: %v", err)
+	}
+	select {
+	case <-reached:
+		t.Error("a request reached a host whose certificate did not verify")
+	default:
+	}
+}
+
+func TestRedactorAcrossReads(t *testing.T) {
+	secrets := [][2][]byte{{[]byte(value), []byte(placeholder)}}
+	in := "a" + value + "b" + value[:5] + "c" + value
+	out, err := io.ReadAll(newRedactor(iotest.OneByteReader(strings.NewReader(in)), secrets))
+	if want := "a" + placeholder + "b" + value[:5] + "c" + placeholder; err != nil || string(out) != want {
+		t.Errorf("redacted %q, want %q (%v)", out, want, err)
+	}
+	// A line's end is passed on at once: a stream is not held up.
+	pr, pw := io.Pipe()
+	r := newRedactor(pr, secrets)
+	go pw.Write([]byte("data: {}\n\n"))
+	buf := make([]byte, 64)
+	n, _ := r.Read(buf)
+	if string(buf[:n]) != "data: {}\n\n" {
+		t.Errorf("first read %q, want the whole event", buf[:n])
+	}
+	pw.Close()
+}
+
+// TestCAVouchesOnlyForBoundHosts: the session CA's name constraints keep a
+// certificate it signed for another host from verifying.
+func TestCAVouchesOnlyForBoundHosts(t *testing.T) {
+	in, err := New(Config{Secrets: []Secret{anthropic}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(in.CACertPEM())
+	caCert, _ := x509.ParseCertificate(block.Bytes)
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	for host, ok := range map[string]bool{"example.com": true, "api.example.com": true, "example.org": false} {
+		leaf, err := in.ca.leaf(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, _ := x509.ParseCertificate(leaf.Certificate[0])
+		_, err = cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: host})
+		if (err == nil) != ok {
+			t.Errorf("a leaf for %s: verify error %v, want ok=%v", host, err, ok)
+		}
+	}
+}
