@@ -12,7 +12,6 @@
 package inject
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -20,12 +19,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
-	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
@@ -187,13 +184,24 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// Intercept serves one connection of the session to host:port, which Binds
-// said is bound: client is the session's side, upstream a connection to
-// the address the proxy allowed. It returns when either side is done; both
-// connections are closed then.
-func (in *Injector) Intercept(ctx context.Context, client, upstream net.Conn, host string, port int) error {
+// Intercept is Serve for a proxy (srt's proxy.Interceptor): what goes
+// wrong is logged.
+func (in *Injector) Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int) {
+	if err := in.Serve(ctx, client, buffered, upstream, host, port); err != nil {
+		in.cfg.Logf("secret injection for %s:%d: %v", host, port, err)
+	}
+}
+
+// Serve serves one connection of the session to host:port, which Binds
+// said is bound: client is the session's side (buffered what its proxy read
+// of it already), upstream a connection to the address the proxy allowed.
+// It returns when either side is done; both connections are closed then.
+func (in *Injector) Serve(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int) error {
 	defer client.Close()
 	defer upstream.Close()
+	if len(buffered) > 0 {
+		client = &prefixedConn{Conn: client, r: io.MultiReader(bytes.NewReader(buffered), client)}
+	}
 	leaf, err := in.ca.leaf(host)
 	if err != nil {
 		return err
@@ -212,9 +220,10 @@ func (in *Injector) Intercept(ctx context.Context, client, upstream net.Conn, ho
 			return leaf, nil
 		},
 	})
-	if err := tc.HandshakeContext(ctx); err != nil {
-		in.cfg.Logf("secret injection for %s:%d: refused the session's TLS handshake: %v", host, port, err)
-		return fmt.Errorf("%s:%d: TLS with the session: %w", host, port, err)
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		return fmt.Errorf("refused the session's TLS handshake: %w", err)
 	}
 	uc := tls.Client(upstream, &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -224,30 +233,39 @@ func (in *Injector) Intercept(ctx context.Context, client, upstream net.Conn, ho
 		// request is forwarded on its own.
 		NextProtos: []string{"h2", "http/1.1"},
 	})
-	if err := uc.HandshakeContext(ctx); err != nil {
-		in.cfg.Logf("secret injection for %s:%d: %v", host, port, err)
+	if err := uc.HandshakeContext(hctx); err != nil {
 		// The session's client sees a reason instead of a reset.
 		refuse(tc, fmt.Sprintf("agentconnect: %s:%d did not prove who it is (%v): no secret was sent to it", host, port, err))
-		return fmt.Errorf("%s:%d: TLS upstream: %w", host, port, err)
+		return fmt.Errorf("TLS upstream: %w", err)
 	}
 	return in.serve(ctx, tc, uc, host, port)
 }
 
-// refuse answers the session's first request on c with a 502 that says why,
-// then closes it.
+// prefixedConn reads what the proxy had read first.
+type prefixedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// refuse answers the session's requests on c with a 502 that says why,
+// over HTTP/1.1 or HTTP/2, then closes it.
 func refuse(c *tls.Conn, msg string) {
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if c.ConnectionState().NegotiatedProtocol == "h2" {
-		(&http2.Server{}).ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	l := newOneConnListener(c)
+	srv := &http.Server{
+		ReadHeaderTimeout: handshakeTimeout,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Connection", "close")
 			http.Error(w, msg, http.StatusBadGateway)
-		})})
-		return
+		}),
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateIdle {
+				c.Close() // one answer is enough
+			}
+			l.connState(c, s)
+		},
 	}
-	if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-		return
-	}
-	body := msg + "\n"
-	fmt.Fprintf(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	srv.Serve(l)
+	c.Close()
 }

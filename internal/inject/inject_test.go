@@ -86,7 +86,7 @@ func session(t *testing.T, upstream *httptest.Server, roots *x509.CertPool, h2 b
 				done <- err
 				continue
 			}
-			go func() { done <- in.Intercept(context.Background(), c, up, "example.com", 443) }()
+			go func() { done <- in.Serve(context.Background(), c, nil, up, "example.com", 443) }()
 		}
 	}()
 	trusted := x509.NewCertPool()
@@ -146,8 +146,11 @@ func TestSwapsTowardTheBoundHostOnly(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
-			if want := "HTTP/2.0"; h2 && !strings.HasPrefix(body, want) {
-				t.Errorf("upstream saw %q, want %s", strings.SplitN(body, "\n", 2)[0], want)
+			if want := map[bool]string{false: "HTTP/1.1", true: "HTTP/2.0"}[h2]; resp.Proto != want {
+				t.Errorf("the session's side spoke %s, want %s", resp.Proto, want)
+			}
+			if !strings.HasPrefix(body, "HTTP/2.0") {
+				t.Errorf("the host's side spoke %q, want HTTP/2.0 (it offers it)", strings.SplitN(body, "\n", 2)[0])
 			}
 			// What the host received, as the echo shows it (redacted).
 			for _, want := range []string{
@@ -289,5 +292,47 @@ func TestCAVouchesOnlyForBoundHosts(t *testing.T) {
 		if (err == nil) != ok {
 			t.Errorf("a leaf for %s: verify error %v, want ok=%v", host, err, ok)
 		}
+	}
+}
+
+// TestUpgradePasses: a WebSocket-style upgrade is relayed both ways; what
+// the host sends on it is redacted too.
+func TestUpgradePasses(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "want an upgrade", 400)
+			return
+		}
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		brw.WriteString("echo " + line + value + "\n")
+		brw.Flush()
+	}))
+	up.StartTLS() // HTTP/1.1 only: upgrades are HTTP/1.1's
+	defer up.Close()
+	c, _, _, _ := session(t, up, nil, false, anthropic)
+	req, _ := http.NewRequest("GET", "https://example.com/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	// The transport itself: a client's timeout wraps the body.
+	resp, err := c.Transport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+		t.Fatalf("upgrade: %d, writable body %v", resp.StatusCode, ok)
+	}
+	io.WriteString(rw, "hi\n")
+	got, _ := io.ReadAll(io.LimitReader(rw, 200))
+	if want := "echo hi\n" + placeholder + "\n"; string(got) != want {
+		t.Errorf("over the upgrade: %q, want %q", got, want)
 	}
 }

@@ -1,7 +1,6 @@
 package inject
 
 import (
-	"bufio"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -13,8 +12,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
+)
 
-	"golang.org/x/net/http2"
+const (
+	// handshakeTimeout bounds a TLS handshake and a request's headers, so
+	// that a client that stalls holds only its own connection.
+	handshakeTimeout = 30 * time.Second
+	// idleTimeout closes a tunnel with no request for that long, as the
+	// proxy closes an idle plain tunnel.
+	idleTimeout = 10 * time.Minute
 )
 
 // hopByHop are the headers of one connection, not of the request.
@@ -28,31 +36,31 @@ type tunnel struct {
 	port int
 	rt   http.RoundTripper
 	h2up bool
+	conn *oneConnListener
 }
 
 func (in *Injector) serve(ctx context.Context, client, upstream *tls.Conn, host string, port int) error {
-	t := &tunnel{in: in, host: host, port: port}
-	if upstream.ConnectionState().NegotiatedProtocol == "h2" {
-		// No transparent gzip: what comes back is decoded here, once.
-		cc, err := (&http2.Transport{DisableCompression: true}).NewClientConn(upstream)
-		if err != nil {
-			return fmt.Errorf("%s:%d: HTTP/2 upstream: %w", host, port, err)
-		}
-		defer cc.Close()
-		t.rt, t.h2up = cc, true
-	} else {
-		t.rt = &h1Conn{c: upstream, br: bufio.NewReader(upstream)}
+	// The tunnel's one connection to the host: the transport may not dial
+	// another, which the policy has not allowed.
+	var dialled atomic.Bool
+	tr := &http.Transport{
+		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
+			if dialled.Swap(true) {
+				return nil, errors.New("the host closed the tunnel's connection")
+			}
+			return upstream, nil
+		},
+		ForceAttemptHTTP2:  true,
+		DisableCompression: true, // what comes back is decoded here, once
 	}
-	if client.ConnectionState().NegotiatedProtocol == "h2" {
-		(&http2.Server{}).ServeConn(client, &http2.ServeConnOpts{Context: ctx, Handler: t})
-		return nil
+	cc, err := tr.NewClientConn(ctx, "https", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("the host's side: %w", err)
 	}
+	defer cc.Close()
 	l := newOneConnListener(client)
-	srv := &http.Server{Handler: t, ConnState: func(_ net.Conn, s http.ConnState) {
-		if s == http.StateClosed || s == http.StateHijacked {
-			l.Close()
-		}
-	}}
+	t := &tunnel{in: in, host: host, port: port, rt: cc, h2up: upstream.ConnectionState().NegotiatedProtocol == "h2", conn: l}
+	srv := &http.Server{Handler: t, ReadHeaderTimeout: handshakeTimeout, IdleTimeout: idleTimeout, ConnState: l.connState}
 	srv.Serve(l)
 	l.wait() // a hijacked connection (an upgrade) is served until it ends
 	return nil
@@ -87,6 +95,7 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		t.upgraded(w, resp, pairs)
+		t.conn.finish()
 		return
 	}
 	body := io.Reader(resp.Body)
@@ -183,92 +192,21 @@ func copyFlushing(w http.ResponseWriter, r io.Reader) {
 	}
 }
 
-// h1Conn is HTTP/1.1 over the one connection of a tunnel: one request at a
-// time, the next once the last answer's body is read or closed.
-type h1Conn struct {
-	mu     sync.Mutex // held from a request until its answer's body is done
-	c      net.Conn
-	br     *bufio.Reader
-	broken bool
-}
-
-func (h *h1Conn) RoundTrip(req *http.Request) (*http.Response, error) {
-	h.mu.Lock()
-	if h.broken {
-		h.mu.Unlock()
-		return nil, errors.New("the host closed the connection")
-	}
-	if err := req.Write(h.c); err != nil {
-		h.broken = true
-		h.mu.Unlock()
-		return nil, err
-	}
-	resp, err := http.ReadResponse(h.br, req)
-	if err != nil {
-		h.broken = true
-		h.mu.Unlock()
-		return nil, err
-	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		h.broken = true // the connection is the upgrade's now
-		resp.Body = &upgradedConn{Reader: h.br, Conn: h.c, done: h.mu.Unlock}
-		return resp, nil
-	}
-	if resp.Close {
-		h.broken = true
-	}
-	resp.Body = &doneBody{ReadCloser: resp.Body, done: h.mu.Unlock}
-	return resp, nil
-}
-
-// doneBody calls done once, when its body is read to the end or closed.
-type doneBody struct {
-	io.ReadCloser
-	once sync.Once
-	done func()
-}
-
-func (b *doneBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.once.Do(b.done)
-	}
-	return n, err
-}
-
-func (b *doneBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.once.Do(b.done)
-	return err
-}
-
-// upgradedConn is the host's side of an upgraded connection.
-type upgradedConn struct {
-	io.Reader
-	net.Conn
-	once sync.Once
-	done func()
-}
-
-func (u *upgradedConn) Read(p []byte) (int, error) { return u.Reader.Read(p) }
-
-func (u *upgradedConn) Close() error {
-	u.once.Do(u.done)
-	return u.Conn.Close()
-}
-
-// oneConnListener accepts one connection, then blocks until closed.
+// oneConnListener accepts one connection, then blocks until closed. It
+// hands out the connection itself: the server speaks HTTP/2 only on a
+// *tls.Conn that negotiated it.
 type oneConnListener struct {
-	conn   chan net.Conn
-	addr   net.Addr
-	closed chan struct{}
-	once   sync.Once
-	served chan struct{}
+	conn       chan net.Conn
+	addr       net.Addr
+	closed     chan struct{}
+	closeOnce  sync.Once
+	done       chan struct{}
+	finishOnce sync.Once
 }
 
 func newOneConnListener(c net.Conn) *oneConnListener {
-	l := &oneConnListener{conn: make(chan net.Conn, 1), addr: c.LocalAddr(), closed: make(chan struct{}), served: make(chan struct{})}
-	l.conn <- &trackedConn{Conn: c, done: l.served}
+	l := &oneConnListener{conn: make(chan net.Conn, 1), addr: c.LocalAddr(), closed: make(chan struct{}), done: make(chan struct{})}
+	l.conn <- c
 	return l
 }
 
@@ -282,24 +220,27 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 }
 
 func (l *oneConnListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
+	l.closeOnce.Do(func() { close(l.closed) })
 	return nil
 }
 
 func (l *oneConnListener) Addr() net.Addr { return l.addr }
 
-// wait returns once the connection is closed, by the server or by the
-// handler that hijacked it.
-func (l *oneConnListener) wait() { <-l.served }
-
-type trackedConn struct {
-	net.Conn
-	once sync.Once
-	done chan struct{}
+// connState stops accepting once the connection is taken over or closed,
+// and counts it served when closed.
+func (l *oneConnListener) connState(_ net.Conn, s http.ConnState) {
+	switch s {
+	case http.StateClosed:
+		l.Close()
+		l.finish()
+	case http.StateHijacked:
+		l.Close()
+	}
 }
 
-func (c *trackedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { close(c.done) })
-	return err
-}
+// finish marks the connection served: closed by the server, or by the
+// handler that hijacked it, when that handler is done.
+func (l *oneConnListener) finish() { l.finishOnce.Do(func() { close(l.done) }) }
+
+// wait returns once the connection is served.
+func (l *oneConnListener) wait() { <-l.done }

@@ -318,9 +318,7 @@ func (s *Server) handleConnect(ctx context.Context, set *connSet, cc *clientConn
 	if _, err := io.WriteString(cc, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	if tunnel(cc, up, s.idleTimeout()) {
-		s.logIdle("connect", host, port)
-	}
+	s.relay(ctx, cc, up, "connect", host, port)
 }
 
 // handleForward sends an absolute-URI request to its origin and streams the

@@ -89,12 +89,44 @@ type Server struct {
 	// IdleTimeout closes a tunnel or a forwarded request when no byte has
 	// moved either way for that long; 0 means 10 min.
 	IdleTimeout time.Duration
+	// Interceptor, if set, serves the tunnels to the hosts it binds (the
+	// hosts of the session's secrets) once the policy allowed and the
+	// proxy dialled them; every other tunnel is relayed untouched.
+	Interceptor Interceptor
 
 	initOnce sync.Once
 	slots    chan struct{} // one per client connection being served
 	refusing chan struct{} // one per connection being refused for the cap
 	busy     atomic.Int64  // refusals for the cap not logged yet
 	busyLog  atomic.Int64  // when the last one was logged, in UnixNano
+}
+
+// Interceptor serves tunnels to the hosts it binds.
+type Interceptor interface {
+	Binds(host string, port int) bool
+	// Intercept serves one tunnel: buffered is what the client sent after
+	// its request and the proxy has read already. It returns when the
+	// tunnel is served or handed on; the proxy closes both connections then.
+	Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int)
+}
+
+// relay serves an established tunnel: intercepted when a secret is bound
+// to its destination, else copied both ways.
+func (s *Server) relay(ctx context.Context, cc *clientConn, up net.Conn, proto, host string, port int) {
+	if s.Interceptor != nil && s.Interceptor.Binds(host, port) {
+		cc.lr.N = 1<<63 - 1
+		cc.SetDeadline(time.Time{})
+		var buffered []byte
+		if n := cc.br.Buffered(); n > 0 {
+			b, _ := cc.br.Peek(n)
+			buffered = append([]byte(nil), b...)
+		}
+		s.Interceptor.Intercept(ctx, cc.Conn, buffered, up, host, port)
+		return
+	}
+	if tunnel(cc, up, s.idleTimeout()) {
+		s.logIdle(proto, host, port)
+	}
 }
 
 // refusedError is a policy refusal.

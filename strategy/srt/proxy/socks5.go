@@ -84,9 +84,7 @@ func (s *Server) serveSOCKS5(ctx context.Context, set *connSet, cc *clientConn) 
 	if writeSOCKSReply(cc, socksSucceeded, up.LocalAddr()) != nil {
 		return
 	}
-	if tunnel(cc, up, s.idleTimeout()) {
-		s.logIdle("socks5", host, port)
-	}
+	s.relay(ctx, cc, up, "socks5", host, port)
 }
 
 // readSOCKSAddr reads DST.ADDR and DST.PORT. An unknown address type is
