@@ -9,6 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 )
 
@@ -119,6 +120,11 @@ func (h *Host) LogHelper(r *os.File, helper, share string) { h.s.logHelper(r, he
 // Violations opens the session's violations file, for the refusals of a
 // boundary's network and what a run left for host tools.
 func (h *Host) Violations() *Violations { return openViolations(h.s.dir, h.s.log) }
+
+// Secrets are the run's secret bindings: what the boundary's proxy swaps
+// toward the secrets' hosts. A runner that cannot swap them refuses a run
+// that has them rather than start it without (see Start).
+func (h *Host) Secrets() []*shimv1.Secret { return h.s.secrets }
 
 // Running records that run's runtime runs, with pid and its stdin, and logs
 // how long each step of the start took (fields add to the log line).

@@ -46,6 +46,10 @@ type service struct {
 	// runners are the strategies this shim binary runs.
 	runners map[strategy.Name]Runner
 
+	// secrets are the run's bindings inside a boundary, from Start: in
+	// memory only.
+	secrets []*shimv1.Secret
+
 	mu          sync.Mutex // guards the fields below
 	status      shimv1.Status
 	run         Run // once the runtime runs
@@ -99,6 +103,7 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
 	// In memory only: session.json is not written again by the shim.
 	s.rec.Spec.Env = session.MergeEnv(s.rec.Spec.Env, req.Env)
+	s.secrets = req.Secrets
 	s.mu.Unlock()
 
 	if s.out.Full() {

@@ -148,6 +148,36 @@ func dataField(num protowire.Number, p *[]byte) field {
 	return bytesField(num, func() []byte { return *p }, func(v []byte) { *p = append([]byte(nil), v...) })
 }
 
+// repeatedMessageField is a repeated message of type T: one field per
+// element, each its encoding.
+func repeatedMessageField[T any, PT interface {
+	*T
+	message
+}](num protowire.Number, p *[]*T) field {
+	return field{
+		num: num, typ: protowire.BytesType,
+		append: func(b []byte) []byte {
+			for _, m := range *p {
+				b = protowire.AppendTag(b, num, protowire.BytesType)
+				b = protowire.AppendBytes(b, marshal(PT(m)))
+			}
+			return b
+		},
+		consume: func(b []byte) (int, error) {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return n, nil
+			}
+			m := new(T)
+			if err := unmarshal(v, PT(m)); err != nil {
+				return n, fmt.Errorf("field %d: %w", num, err)
+			}
+			*p = append(*p, m)
+			return n, nil
+		},
+	}
+}
+
 // timestamp is google.protobuf.Timestamp: seconds = 1, nanos = 2.
 type timestamp struct {
 	seconds int64

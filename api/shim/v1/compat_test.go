@@ -40,6 +40,8 @@ var pairs = []struct {
 		&shimpb.HandshakeResponse{ApiVersion: 4294967295, ShimVersion: "dev", SessionId: "s-1", Run: 7}},
 	{&StartRequest{}, &shimpb.StartRequest{}},
 	{&StartRequest{Env: []string{"A=1", "", "KEY=välue=x"}}, &shimpb.StartRequest{Env: []string{"A=1", "", "KEY=välue=x"}}},
+	{&StartRequest{Secrets: []*Secret{{Placeholder: "p", Value: "v", Hosts: []string{"a.com", "*.b.com:443"}, Headers: []string{"x-api-key"}}, {}}},
+		&shimpb.StartRequest{Secrets: []*shimpb.Secret{{Placeholder: "p", Value: "v", Hosts: []string{"a.com", "*.b.com:443"}, Headers: []string{"x-api-key"}}, {}}}},
 	{&StartResponse{Pid: 4194304}, &shimpb.StartResponse{Pid: 4194304}},
 	{&StateRequest{}, &shimpb.StateRequest{}},
 	{&StateResponse{SessionId: "abc", Run: 2, Status: Status_EXITED, ShimPid: 10, Pid: 11, ExitCode: -9,

@@ -33,9 +33,27 @@ type StartRequest struct {
 	// Env is set over the session's env for this run only: the shim keeps
 	// it in memory and writes it nowhere (the values of secrets on host).
 	Env []string
+	// Secrets are the run's bindings inside a boundary: the shim's proxy
+	// swaps each placeholder for its value toward the secret's hosts. Kept
+	// in memory only, like Env.
+	Secrets []*Secret
 }
 
-func (m *StartRequest) fields() []field { return []field{repeatedStringField(1, &m.Env)} }
+func (m *StartRequest) fields() []field {
+	return []field{repeatedStringField(1, &m.Env), repeatedMessageField(2, &m.Secrets)}
+}
+
+// Secret is one binding of a run inside a boundary.
+type Secret struct {
+	Placeholder string
+	Value       string
+	Hosts       []string // network policy entries
+	Headers     []string // lower case; none: any
+}
+
+func (m *Secret) fields() []field {
+	return []field{stringField(1, &m.Placeholder), stringField(2, &m.Value), repeatedStringField(3, &m.Hosts), repeatedStringField(4, &m.Headers)}
+}
 
 // StartResponse is the runtime's pid.
 type StartResponse struct {

@@ -5,7 +5,7 @@ package shimv1
 // new release takes over the sessions of the previous one; a change that an
 // older peer cannot follow bumps it.
 //
-// 2: StartRequest.env.
+// 2: StartRequest.env and secrets.
 const APIVersion = 2
 
 // PrivateEnvAPIVersion is the first version whose Start takes Env.

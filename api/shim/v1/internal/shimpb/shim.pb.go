@@ -202,7 +202,11 @@ type StartRequest struct {
 	// Variables for this run only, set over the session's env: the shim keeps
 	// them in memory and writes them nowhere (the values of secrets on host).
 	// Since API version 2.
-	Env           []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	Env []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	// The run's secret bindings inside a boundary: the shim's proxy swaps
+	// each placeholder for its value toward the secret's hosts. Kept in
+	// memory only, like env. Since API version 2.
+	Secrets       []*Secret `protobuf:"bytes,2,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -244,6 +248,81 @@ func (x *StartRequest) GetEnv() []string {
 	return nil
 }
 
+func (x *StartRequest) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+type Secret struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Placeholder   string                 `protobuf:"bytes,1,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Hosts         []string               `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`     // network policy entries
+	Headers       []string               `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"` // lower case; none: any
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Secret) GetPlaceholder() string {
+	if x != nil {
+		return x.Placeholder
+	}
+	return ""
+}
+
+func (x *Secret) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Secret) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *Secret) GetHeaders() []string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
 type StartResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -253,7 +332,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +344,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +357,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{3}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StartResponse) GetPid() uint32 {
@@ -296,7 +375,7 @@ type StateRequest struct {
 
 func (x *StateRequest) Reset() {
 	*x = StateRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +387,7 @@ func (x *StateRequest) String() string {
 func (*StateRequest) ProtoMessage() {}
 
 func (x *StateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +400,7 @@ func (x *StateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRequest.ProtoReflect.Descriptor instead.
 func (*StateRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{4}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{5}
 }
 
 type StateResponse struct {
@@ -343,7 +422,7 @@ type StateResponse struct {
 
 func (x *StateResponse) Reset() {
 	*x = StateResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +434,7 @@ func (x *StateResponse) String() string {
 func (*StateResponse) ProtoMessage() {}
 
 func (x *StateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +447,7 @@ func (x *StateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateResponse.ProtoReflect.Descriptor instead.
 func (*StateResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StateResponse) GetSessionId() string {
@@ -458,7 +537,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +549,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +562,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KillRequest) GetSignal() uint32 {
@@ -508,7 +587,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +599,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +612,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{8}
 }
 
 type WaitRequest struct {
@@ -544,7 +623,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +635,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +648,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{9}
 }
 
 type WaitResponse struct {
@@ -583,7 +662,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +674,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +687,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -641,7 +720,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +732,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +745,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteStdinRequest) GetData() []byte {
@@ -685,7 +764,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +776,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +789,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -728,7 +807,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +819,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +832,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{13}
 }
 
 type CloseStdinResponse struct {
@@ -764,7 +843,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +855,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +868,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{14}
 }
 
 type StatsRequest struct {
@@ -800,7 +879,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +891,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +904,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{14}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{15}
 }
 
 type StatsResponse struct {
@@ -839,7 +918,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +930,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +943,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{15}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StatsResponse) GetMemoryBytes() uint64 {
@@ -896,7 +975,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +987,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1000,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{16}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{17}
 }
 
 type ShutdownResponse struct {
@@ -932,7 +1011,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1023,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1036,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{17}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{18}
 }
 
 var File_api_shim_v1_shim_proto protoreflect.FileDescriptor
@@ -975,9 +1054,15 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\fshim_version\x18\x02 \x01(\tR\vshimVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x10\n" +
-	"\x03run\x18\x04 \x01(\rR\x03run\" \n" +
+	"\x03run\x18\x04 \x01(\rR\x03run\"X\n" +
 	"\fStartRequest\x12\x10\n" +
-	"\x03env\x18\x01 \x03(\tR\x03env\"!\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\x126\n" +
+	"\asecrets\x18\x02 \x03(\v2\x1c.agentconnect.shim.v1.SecretR\asecrets\"p\n" +
+	"\x06Secret\x12 \n" +
+	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x18\n" +
+	"\aheaders\x18\x04 \x03(\tR\aheaders\"!\n" +
 	"\rStartResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x0e\n" +
 	"\fStateRequest\"\xfc\x02\n" +
@@ -1051,57 +1136,59 @@ func file_api_shim_v1_shim_proto_rawDescGZIP() []byte {
 }
 
 var file_api_shim_v1_shim_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_api_shim_v1_shim_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentconnect.shim.v1.Status
 	(*HandshakeRequest)(nil),      // 1: agentconnect.shim.v1.HandshakeRequest
 	(*HandshakeResponse)(nil),     // 2: agentconnect.shim.v1.HandshakeResponse
 	(*StartRequest)(nil),          // 3: agentconnect.shim.v1.StartRequest
-	(*StartResponse)(nil),         // 4: agentconnect.shim.v1.StartResponse
-	(*StateRequest)(nil),          // 5: agentconnect.shim.v1.StateRequest
-	(*StateResponse)(nil),         // 6: agentconnect.shim.v1.StateResponse
-	(*KillRequest)(nil),           // 7: agentconnect.shim.v1.KillRequest
-	(*KillResponse)(nil),          // 8: agentconnect.shim.v1.KillResponse
-	(*WaitRequest)(nil),           // 9: agentconnect.shim.v1.WaitRequest
-	(*WaitResponse)(nil),          // 10: agentconnect.shim.v1.WaitResponse
-	(*WriteStdinRequest)(nil),     // 11: agentconnect.shim.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 12: agentconnect.shim.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),     // 13: agentconnect.shim.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),    // 14: agentconnect.shim.v1.CloseStdinResponse
-	(*StatsRequest)(nil),          // 15: agentconnect.shim.v1.StatsRequest
-	(*StatsResponse)(nil),         // 16: agentconnect.shim.v1.StatsResponse
-	(*ShutdownRequest)(nil),       // 17: agentconnect.shim.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),      // 18: agentconnect.shim.v1.ShutdownResponse
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*Secret)(nil),                // 4: agentconnect.shim.v1.Secret
+	(*StartResponse)(nil),         // 5: agentconnect.shim.v1.StartResponse
+	(*StateRequest)(nil),          // 6: agentconnect.shim.v1.StateRequest
+	(*StateResponse)(nil),         // 7: agentconnect.shim.v1.StateResponse
+	(*KillRequest)(nil),           // 8: agentconnect.shim.v1.KillRequest
+	(*KillResponse)(nil),          // 9: agentconnect.shim.v1.KillResponse
+	(*WaitRequest)(nil),           // 10: agentconnect.shim.v1.WaitRequest
+	(*WaitResponse)(nil),          // 11: agentconnect.shim.v1.WaitResponse
+	(*WriteStdinRequest)(nil),     // 12: agentconnect.shim.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 13: agentconnect.shim.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),     // 14: agentconnect.shim.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),    // 15: agentconnect.shim.v1.CloseStdinResponse
+	(*StatsRequest)(nil),          // 16: agentconnect.shim.v1.StatsRequest
+	(*StatsResponse)(nil),         // 17: agentconnect.shim.v1.StatsResponse
+	(*ShutdownRequest)(nil),       // 18: agentconnect.shim.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),      // 19: agentconnect.shim.v1.ShutdownResponse
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_api_shim_v1_shim_proto_depIdxs = []int32{
-	0,  // 0: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
-	19, // 1: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
-	19, // 2: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 3: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	1,  // 4: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
-	3,  // 5: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
-	5,  // 6: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
-	7,  // 7: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
-	9,  // 8: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
-	11, // 9: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
-	13, // 10: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
-	15, // 11: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
-	17, // 12: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
-	2,  // 13: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
-	4,  // 14: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
-	6,  // 15: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
-	8,  // 16: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
-	10, // 17: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
-	12, // 18: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
-	14, // 19: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
-	16, // 20: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
-	18, // 21: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
-	13, // [13:22] is the sub-list for method output_type
-	4,  // [4:13] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	4,  // 0: agentconnect.shim.v1.StartRequest.secrets:type_name -> agentconnect.shim.v1.Secret
+	0,  // 1: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
+	20, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
+	20, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
+	20, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	1,  // 5: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
+	3,  // 6: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
+	6,  // 7: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
+	8,  // 8: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
+	10, // 9: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
+	12, // 10: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
+	14, // 11: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
+	16, // 12: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
+	18, // 13: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
+	2,  // 14: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
+	5,  // 15: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
+	7,  // 16: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
+	9,  // 17: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
+	11, // 18: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
+	13, // 19: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
+	15, // 20: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
+	17, // 21: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
+	19, // 22: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
+	14, // [14:23] is the sub-list for method output_type
+	5,  // [5:14] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_shim_proto_init() }
@@ -1115,7 +1202,7 @@ func file_api_shim_v1_shim_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_shim_proto_rawDesc), len(file_api_shim_v1_shim_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
