@@ -10,7 +10,7 @@ export CGO_ENABLED := 0
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/agentconnect-md/agentconnect/internal/version.Version=$(VERSION)
 PREFIX ?= /usr/local
-BINARIES := bin/agentconnect bin/agentconnect-shim bin/agentconnect-shim-vm bin/agentconnect-vmimage
+BINARIES := bin/agentconnect bin/agentconnect-shim bin/agentconnect-shim-vm bin/agentconnect-vmimage bin/agentconnect-inject
 
 .PHONY: all build deps proto image test fresh-test unit integration lint demo bench install clean
 
@@ -20,7 +20,7 @@ deps:
 	@./scripts/deps.sh
 
 build:
-	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim ./cmd/agentconnect-shim-vm ./cmd/agentconnect-vmimage
+	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim ./cmd/agentconnect-shim-vm ./cmd/agentconnect-vmimage ./cmd/agentconnect-inject
 	go build -ldflags '$(LDFLAGS)' -o bin/agentconnect-vmagent ./cmd/agentconnect-vmagent
 
 # The default microsandbox guest image (kernel, initramfs with the vmagent,
