@@ -62,7 +62,7 @@ func binaries() (string, func(), error) {
 	}
 	// World-readable, so tests that run the daemon as another user can.
 	os.Chmod(dir, 0o755)
-	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim", "../cmd/agentconnect-shim-vm", "../cmd/agentconnect-vmimage")
+	cmd := exec.Command("go", "build", "-o", dir, "../cmd/agentconnect", "../cmd/agentconnect-shim", "../cmd/agentconnect-shim-vm", "../cmd/agentconnect-vmimage", "../cmd/agentconnect-inject")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if err := cmd.Run(); err != nil {
@@ -109,7 +109,7 @@ func copyBinaries(dir string) (string, error) {
 		os.RemoveAll(to)
 		return "", err
 	}
-	for _, name := range []string{"agentconnect", "agentconnect-shim", "agentconnect-shim-vm", "agentconnect-vmimage"} {
+	for _, name := range []string{"agentconnect", "agentconnect-shim", "agentconnect-shim-vm", "agentconnect-vmimage", "agentconnect-inject"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err == nil {
 			err = os.WriteFile(filepath.Join(to, name), b, 0o755)

@@ -581,7 +581,7 @@ func TestMicrosandboxBadInput(t *testing.T) {
 	bin := t.TempDir()
 	img := filepath.Join(bin, "image")
 	os.Mkdir(img, 0o755)
-	for _, f := range []string{"agentconnect", "agentconnect-shim", "agentconnect-shim-vm", "agentconnect-vmimage", "image/vmlinuz"} {
+	for _, f := range []string{"agentconnect", "agentconnect-shim", "agentconnect-shim-vm", "agentconnect-vmimage", "agentconnect-inject", "image/vmlinuz"} {
 		data, err := os.ReadFile(filepath.Join(binDir, f))
 		if err != nil {
 			t.Fatal(err)

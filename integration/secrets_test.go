@@ -4,13 +4,20 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/pem"
+	"fmt"
 	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The value the tests store: searched for everywhere it must not be.
@@ -169,4 +176,76 @@ func TestDaemonAndShimsAreNotDumpable(t *testing.T) {
 	if u := owner(s.PID); u != nobody {
 		t.Errorf("the runtime's /proc/PID/environ is uid %d's, want %d: the runtime is the user's own", u, nobody)
 	}
+}
+
+// TestSRTProxyPutsTheValueOnTheWire: inside srt the runtime holds a
+// placeholder; its request to the bound host arrives with the value (over
+// TLS, intercepted with the session's CA, which the sandbox trusts), the
+// host's echo of it comes back as the placeholder, and a host the secret
+// is not bound to receives the placeholder as it is.
+func TestSRTProxyPutsTheValueOnTheWire(t *testing.T) {
+	requireBwrap(t)
+	received := make(chan string, 4)
+	newHost := func() (*httptest.Server, int) {
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			received <- r.Header.Get("X-Api-Key")
+			fmt.Fprintf(w, "echo:%s", r.Header.Get("X-Api-Key"))
+		}))
+		t.Cleanup(srv.Close)
+		return srv, srv.Listener.Addr().(*net.TCPAddr).Port
+	}
+	bound, boundPort := newHost()
+	_, otherPort := newHost()
+	home := newHome(t)
+	caFile := filepath.Join(t.TempDir(), "gateway-ca.pem")
+	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: bound.Certificate().Raw}), 0o644)
+	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"}`)
+	startDaemon(t, home)
+	run(t, home, secretValue, "secret", "set", "gw", "--host", fmt.Sprintf("127.0.0.1:%d", boundPort), "--header", "x-api-key")
+	ok(t, home, "agent", "create", "client", "--strategy", "srt", "--secret", "KEY=gw",
+		"--allow-domain", fmt.Sprintf("127.0.0.1:%d", boundPort), "--allow-domain", fmt.Sprintf("127.0.0.1:%d", otherPort), "--",
+		"sh", "-c", fmt.Sprintf(`curl -sS --noproxy '' -H "X-Api-Key: $KEY" https://127.0.0.1:%d/; echo; curl -sSk --noproxy '' -H "X-Api-Key: $KEY" https://127.0.0.1:%d/`, boundPort, otherPort))
+	r := run(t, home, "", "exec", "--keep", "client")
+	if r.code != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "echo:agentconnect-placeholder-") || lines[0] != lines[1] {
+		t.Errorf("what the runtime saw: %q (want the placeholder echoed by both hosts)", lines)
+	}
+	if got := <-received; got != secretValue {
+		t.Errorf("the bound host received %q, want the value", got)
+	}
+	if got := <-received; !strings.HasPrefix(got, "agentconnect-placeholder-") {
+		t.Errorf("the host the secret is not bound to received %q, want the placeholder", got)
+	}
+	checkNoValue(t, home)
+}
+
+// TestSRTWithoutTheInjectorRefuses: a run with secrets whose injection
+// cannot start is refused with the reason, never started without it, and
+// leaves no process behind.
+func TestSRTWithoutTheInjectorRefuses(t *testing.T) {
+	requireBwrap(t)
+	bin := t.TempDir()
+	for _, f := range []string{"agentconnect", "agentconnect-shim"} {
+		data, err := os.ReadFile(filepath.Join(binDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(bin, f), data, 0o755)
+	}
+	home := newHome(t)
+	d := &daemon{t: t, home: home, bin: filepath.Join(bin, "agentconnect")}
+	d.start()
+	t.Cleanup(d.cleanup)
+	run(t, home, secretValue, "secret", "set", "k", "--host", "example.com")
+	ok(t, home, "agent", "create", "bound", "--strategy", "srt", "--secret", "KEY=k", "--", "sleep", "612.34")
+	r := run(t, home, "", "exec", "bound")
+	if r.code != 125 || !strings.Contains(r.stderr, "agentconnect-inject") || !strings.Contains(r.stderr, "make install") {
+		t.Errorf("exec without agentconnect-inject: %+v", r)
+	}
+	eventually(t, 10*time.Second, "no process of the session left", func() bool {
+		return exec.Command("pgrep", "-f", "^sleep 612.34$").Run() != nil
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strings"
 
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
@@ -69,21 +70,36 @@ func (s *Supervisor) checkBindings(a agent.Agent) error {
 	return nil
 }
 
+// runSecrets is what a run gets of the shim's memory only, never
+// session.json: variables (the values on host) and, inside a boundary, the
+// bindings its proxy swaps.
+type runSecrets struct {
+	env      []string
+	bindings []*shimv1.Secret
+}
+
 // secretEnv is what a run of a gets for its bindings: the variables for
-// session.json (placeholders inside a boundary; none on host) and the
-// variables that only the shim's memory may hold (the real values on host).
-func (s *Supervisor) secretEnv(a agent.Agent) (recorded, private []string, err error) {
+// session.json (placeholders inside a boundary; none on host), and what
+// only the shim's memory may hold.
+func (s *Supervisor) secretEnv(a agent.Agent) (recorded []string, private runSecrets, err error) {
 	for _, b := range a.Secrets {
 		sec, ok := s.secrets.Get(b.Secret)
 		if !ok {
-			return nil, nil, errdefs.FailedPrecondition("agent %s: %s is bound to secret %q, which was removed: set it again (agentconnect secret set %s ...) or unbind it (agent edit)", a.Name, b.Env, b.Secret, b.Secret)
+			return nil, runSecrets{}, errdefs.FailedPrecondition("agent %s: %s is bound to secret %q, which was removed: set it again (agentconnect secret set %s ...) or unbind it (agent edit)", a.Name, b.Env, b.Secret, b.Secret)
+		}
+		if a.Strategy == strategy.Microsandbox {
+			// Its network stack does not swap placeholders yet: a run that
+			// could not authenticate is refused, not started.
+			return nil, runSecrets{}, errdefs.FailedPrecondition("agent %s: %s is bound to secret %s, and microsandbox sessions cannot put secrets on the wire yet: use the srt strategy, or pass the variable with --env", a.Name, b.Env, b.Secret)
 		}
 		if a.Strategy == strategy.Host {
 			// No boundary: the runtime is trusted with the value itself.
-			private = append(private, b.Env+"="+string(sec.Value))
+			private.env = append(private.env, b.Env+"="+string(sec.Value))
 			continue
 		}
-		recorded = append(recorded, b.Env+"="+secret.NewPlaceholder())
+		ph := secret.NewPlaceholder()
+		recorded = append(recorded, b.Env+"="+ph)
+		private.bindings = append(private.bindings, &shimv1.Secret{Placeholder: ph, Value: string(sec.Value), Hosts: sec.Hosts, Headers: sec.Headers})
 	}
 	return recorded, private, nil
 }

@@ -94,13 +94,13 @@ func (s *Supervisor) listSessions(agentName string) []view {
 // buildSpec is what a run of a session of a executes: its runtime, its
 // environment, its directories resolved again now, and its limits; and the
 // variables for the shim's memory only (startRun), never session.json.
-func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, []string, error) {
+func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, runSecrets, error) {
 	if err := s.checkStrategy(a.Strategy); err != nil {
-		return session.Spec{}, nil, fmt.Errorf("agent %s: %w", a.Name, err)
+		return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
 	}
 	agentDir := s.store.AgentDir(a.ID)
 	if err := s.store.EnsureWorkspace(&a); err != nil {
-		return session.Spec{}, nil, errdefs.FailedPrecondition("%v", err)
+		return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition("%v", err)
 	}
 	workspace := a.SharedWorkspace
 	if workspace == "" {
@@ -108,11 +108,11 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, [
 		// move the workspace out of the agent directory.
 		ws, err := agent.ResolveInside(agentDir, a.Workspace)
 		if err != nil {
-			return session.Spec{}, nil, errdefs.FailedPrecondition("agent %s: workspace %s: %v", a.Name, a.Workspace, err)
+			return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition("agent %s: workspace %s: %v", a.Name, a.Workspace, err)
 		}
 		workspace = ws
 	} else if fi, err := os.Stat(workspace); err != nil || !fi.IsDir() {
-		return session.Spec{}, nil, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
+		return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition("agent %s: shared workspace %s is gone", a.Name, workspace)
 	}
 	spec := session.Spec{
 		Strategy:  a.Strategy,
@@ -131,12 +131,12 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, [
 	}
 	for _, d := range []string{spec.Home, spec.Tmp, spec.Memory} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return session.Spec{}, nil, fmt.Errorf("agent %s: %w", a.Name, err)
+			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
 	recorded, private, err := s.secretEnv(a)
 	if err != nil {
-		return session.Spec{}, nil, err
+		return session.Spec{}, runSecrets{}, err
 	}
 	spec.Env = session.MergeEnv(runtimeEnv(a.Env, spec.Home, spec.Tmp), recorded)
 	if a.Strategy == strategy.SRT {
@@ -151,13 +151,13 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, [
 		spec.Sandbox.Resolver = s.cfg.VM.Resolver
 		vm, err := s.vmSpec(a, spec)
 		if err != nil {
-			return session.Spec{}, nil, err
+			return session.Spec{}, runSecrets{}, err
 		}
 		spec.VM = vm
 	}
 	if s.cgroups == nil {
 		if spec.Limits != (session.Limits{}) {
-			return session.Spec{}, nil, errdefs.FailedPrecondition(
+			return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition(
 				"agent %s asks for limits (%s) but this daemon cannot apply them: %s", a.Name, describeLimits(spec.Limits), s.cgSupport.Reason)
 		}
 		spec.LimitsNote = "none: " + s.cgSupport.Reason
@@ -272,7 +272,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 // (with private, the variables only the shim's memory holds). On an error
 // nothing of the run is left; a runtime that could not start leaves the
 // session exited with the reason.
-func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private []string) (retErr error) {
+func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets) (retErr error) {
 	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
 	if s.cgroups != nil {
 		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
@@ -305,7 +305,7 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private []s
 		os.Remove(socket)
 		return err
 	}
-	if len(private) > 0 && conn.apiVersion < shimv1.PrivateEnvAPIVersion {
+	if (len(private.env) > 0 || len(private.bindings) > 0) && conn.apiVersion < shimv1.PrivateEnvAPIVersion {
 		conn.close()
 		s.stopShim(boot)
 		os.Remove(socket)
@@ -313,7 +313,7 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private []s
 	}
 	timeout := s.startTimeout()
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
-	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{Env: private})
+	resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{Env: private.env, Secrets: private.bindings})
 	cancel()
 	if err != nil {
 		st := s.failedStart(ss, rec, conn, boot, err, timeout)

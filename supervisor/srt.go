@@ -22,6 +22,7 @@ func (s *Supervisor) sandboxSpec(a agent.Agent, agentDir string) *session.Sandbo
 		DeniedDomains:   a.DeniedDomains,
 		NestedSandbox:   a.NestedSandbox,
 		Resolver:        s.cfg.SRT.Resolver,
+		TrustedCAPEM:    s.cfg.TrustedCAPEM,
 	}
 	for _, m := range a.Mounts {
 		sb.Mounts = append(sb.Mounts, session.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})

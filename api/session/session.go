@@ -80,6 +80,9 @@ type Sandbox struct {
 	// Resolver is the DNS server the policy proxy asks ("IP:port"); empty
 	// for the system's.
 	Resolver string `json:"resolver"`
+	// TrustedCAPEM verifies, besides the system's store, the hosts the
+	// proxy sends secrets to (config trustedCAFile).
+	TrustedCAPEM string `json:"trustedCAPEM,omitempty"`
 }
 
 // Mount shares a host path into a boundary.

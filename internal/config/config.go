@@ -4,6 +4,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,6 +61,10 @@ type Config struct {
 	// OutputLimitMiB bounds each session's output log: the run that
 	// reaches it is stopped.
 	OutputLimitMiB int
+	// TrustedCAPEM is trustedCAFile's content: certificates the sessions'
+	// proxies trust, besides the system's store, for the hosts secrets are
+	// sent to (a private gateway's CA).
+	TrustedCAPEM string
 	// Warnings are reported once at startup: unknown and retired keys.
 	Warnings []string
 }
@@ -135,6 +140,8 @@ func Parse(data []byte) (*Config, error) {
 			c.LogLevel = p.oneOf("logLevel", v, "debug", "info", "warn", "error")
 		case "outputLimitMiB":
 			c.OutputLimitMiB = p.integer("outputLimitMiB", v, 1, 1<<20)
+		case "trustedCAFile":
+			c.TrustedCAPEM = p.caFile("trustedCAFile", v)
 		default:
 			p.unknown(key)
 		}
@@ -291,6 +298,24 @@ func (p *parser) boolean(key string, v any) bool {
 		p.fail(key, "want true or false, got %s", describe(v))
 	}
 	return b
+}
+
+// caFile reads a PEM file of CA certificates named by key.
+func (p *parser) caFile(key string, v any) string {
+	path := p.str(key, v)
+	if path == "" {
+		return ""
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		p.fail(key, "%v", err)
+		return ""
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(data) {
+		p.fail(key, "%s holds no PEM certificate", path)
+		return ""
+	}
+	return string(data)
 }
 
 func (p *parser) str(key string, v any) string {

@@ -53,6 +53,7 @@ type srtRun struct {
 	execErrR   *os.File
 	proxy      *proxy.Server
 	violations *shim.Violations
+	inject     *injector // for a run with secrets
 
 	mu        sync.Mutex // guards the fields below
 	listeners []net.Listener
@@ -74,6 +75,9 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 			if r.boundary != nil {
 				r.boundary.Close()
 				r.boundary.Release()
+			}
+			if r.inject != nil {
+				r.inject.stop(h)
 			}
 		}
 	}()
@@ -132,6 +136,22 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		return host.Launch{}, err
 	}
 	defer exe.Close()
+	// Secrets: their tunnels go to agentconnect-inject, whose session CA
+	// the sandbox trusts.
+	var caFile *os.File
+	env := session.MergeEnv(spec.Env, sandbox.ProxyEnv())
+	if secrets := h.Secrets(); len(secrets) > 0 {
+		in, caPEM, err := startInjector(h, secrets, sb.TrustedCAPEM)
+		if err != nil {
+			return host.Launch{}, err
+		}
+		r.inject = in
+		if caFile, err = caBundle(string(h.Dir()), caPEM); err != nil {
+			return host.Launch{}, fmt.Errorf("the sandbox's trust store: %w", err)
+		}
+		defer caFile.Close() // the boundary holds its own copy
+		env = session.MergeEnv(env, sandbox.CAEnv())
+	}
 	mounts := make([]sandbox.Mount, len(sb.Mounts))
 	for i, m := range sb.Mounts {
 		mounts[i] = sandbox.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly}
@@ -141,7 +161,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
 		NestedSandbox: sb.NestedSandbox, Command: spec.Command,
-		Ledger: protect.LedgerPath(sb.DaemonHome),
+		Ledger: protect.LedgerPath(sb.DaemonHome), CABundle: caFile,
 	}, exe, true)
 	if err != nil {
 		return host.Launch{}, err
@@ -157,12 +177,15 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		OnViolation: r.violations.Add,
 		Logf:        h.Log().Debugf,
 	}
+	if r.inject != nil {
+		r.proxy.Interceptor = r.inject
+	}
 	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
 	// bwrap's own stderr is the setup pipe; the runtime's is fd 6. Its
 	// only network is the proxy: the proxy variables point at it.
 	return host.Launch{
 		Argv:   append([]string{"agentconnect-shim", "init", "--", bwrap}, r.boundary.Args...),
-		Env:    session.MergeEnv(spec.Env, sandbox.ProxyEnv()),
+		Env:    env,
 		Stderr: r.setupW,
 		Extra:  r.childFiles,
 		Close:  r.closeChildEnds,
@@ -343,7 +366,10 @@ func (r *srtRun) Exit(code int) (int, string, bool) {
 
 // Stop closes the proxy listeners and what is left open, and records what
 // the run left for host tools in repositories it created.
-func (r *srtRun) Stop(*shim.Host) {
+func (r *srtRun) Stop(h *shim.Host) {
+	if r.inject != nil {
+		r.inject.stop(h)
+	}
 	r.mu.Lock()
 	for _, l := range r.listeners {
 		l.Close()

@@ -138,6 +138,9 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 		return nil, err
 	}
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
+	if cfg.CABundle != nil {
+		b.add("--ro-bind-fd", b.fd(dup(cfg.CABundle)), CABundlePath)
+	}
 	for _, d := range b.readOnlyLater {
 		b.add("--remount-ro", d)
 	}
