@@ -11,7 +11,8 @@ import (
 // shims lives in api/ and internal/); the host/srt shim, one per session, no
 // VM stack and none of protobuf's and gRPC's runtimes (internal/ttrpclite
 // speaks the shim API on protowire); the VM shim, one per VM, none of the
-// registry code (agentconnect-vmimage prepares images).
+// registry code (agentconnect-vmimage prepares images); neither shim TLS
+// or x509 (agentconnect-inject does a session's interception).
 func TestLinksNoBoundaryCode(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -32,10 +33,10 @@ func TestLinksNoBoundaryCode(t *testing.T) {
 			"gvisor.dev/", "github.com/hashicorp/yamux", "github.com/mdlayher/vsock", "github.com/google/go-containerregistry/",
 			"github.com/agentconnect-md/agentconnect/strategy/microsandbox",
 			"github.com/containerd/ttrpc", "google.golang.org/grpc", "google.golang.org/protobuf/reflect/",
-			"google.golang.org/protobuf/proto", "net/http",
+			"google.golang.org/protobuf/proto", "net/http", "crypto/tls", "crypto/x509",
 		}},
 		{"../agentconnect-shim-vm", []string{
-			"github.com/google/go-containerregistry/pkg/v1/remote", "github.com/docker/", "net/http", "crypto/tls",
+			"github.com/google/go-containerregistry/pkg/v1/remote", "github.com/docker/", "net/http", "crypto/tls", "crypto/x509",
 		}},
 	} {
 		out, err := exec.Command(goTool, "list", "-deps", c.pkg).CombinedOutput()

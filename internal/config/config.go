@@ -4,8 +4,8 @@ package config
 
 import (
 	"bytes"
-	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -311,8 +311,10 @@ func (p *parser) caFile(key string, v any) string {
 		p.fail(key, "%v", err)
 		return ""
 	}
-	if !x509.NewCertPool().AppendCertsFromPEM(data) {
-		p.fail(key, "%s holds no PEM certificate", path)
+	// PEM blocks only: crypto/x509 would weigh on every binary that reads
+	// the config (the VM shim among them); agentconnect-inject parses them.
+	if block, _ := pem.Decode(data); block == nil || block.Type != "CERTIFICATE" {
+		p.fail(key, "%s holds no PEM certificate (-----BEGIN CERTIFICATE-----)", path)
 		return ""
 	}
 	return string(data)
