@@ -173,3 +173,20 @@ func TestLoad(t *testing.T) {
 		t.Fatalf("Load = %+v, %v", c, err)
 	}
 }
+
+func TestTrustedCAFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "ca.pem")
+	os.WriteFile(good, []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o644)
+	notPEM := filepath.Join(dir, "key.txt")
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o644)
+	c, err := Parse([]byte(`{"trustedCAFile": "` + good + `"}`))
+	if err != nil || !strings.Contains(c.TrustedCAPEM, "BEGIN CERTIFICATE") {
+		t.Errorf("a PEM file: %v, %q", err, c.TrustedCAPEM)
+	}
+	for _, path := range []string{notPEM, filepath.Join(dir, "missing.pem")} {
+		if _, err := Parse([]byte(`{"trustedCAFile": "` + path + `"}`)); err == nil || !strings.Contains(err.Error(), "trustedCAFile") {
+			t.Errorf("trustedCAFile %s: %v, want an error naming the key", path, err)
+		}
+	}
+}
