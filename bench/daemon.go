@@ -45,6 +45,8 @@ type daemon struct {
 
 	// srtUnavailable says why the srt measurements cannot run, or is "".
 	srtUnavailable string
+	// inject are the loopback hosts of the injection measurement.
+	inject *injectHosts
 	// srtAgentDir is the srt agent's directory, srtBaseline what it held
 	// before its first session.
 	srtAgentDir string

@@ -163,7 +163,13 @@ func run() int {
 	defer os.RemoveAll(home)
 	// Whatever the groups, so that the daemon (and its startup probes)
 	// is the same in every run.
-	if err := os.WriteFile(filepath.Join(home, "config.json"), []byte(vmConfig), 0o600); err != nil {
+	config := vmConfig
+	if hs, err := startInjectHosts(home); err == nil {
+		d.inject = hs
+		defer hs.close()
+		config = strings.Replace(vmConfig, "{", fmt.Sprintf(`{"trustedCAFile":%q,`, hs.caFile), 1)
+	}
+	if err := os.WriteFile(filepath.Join(home, "config.json"), []byte(config), 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
@@ -192,6 +198,7 @@ func run() int {
 		{"srt", "srt exec vs sandbox-runtime vs bwrap", benchSrtExec},
 		{"srt", "srt session memory", benchSrtMemory},
 		{"srt", "concurrent srt sessions", benchSrtConcurrent},
+		{"srt", "srt secret injection", benchSrtInject},
 		{"microsandbox", "microsandbox start", benchVMStart},
 		{"microsandbox", "microsandbox session memory", benchVMMemory},
 	}
