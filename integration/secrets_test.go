@@ -249,3 +249,36 @@ func TestSRTWithoutTheInjectorRefuses(t *testing.T) {
 		return exec.Command("pgrep", "-f", "^sleep 612.34$").Run() != nil
 	})
 }
+
+// TestSRTHidesCredentialFiles: the daemon user's credential files are
+// absent inside srt even where a mount shows their directory, unless the
+// agent opts one in by name; the rest of the mount is there.
+func TestSRTHidesCredentialFiles(t *testing.T) {
+	requireBwrap(t)
+	fakeHome := t.TempDir()
+	for p, data := range map[string]string{".ssh/id_test": "PRIVATE KEY", ".netrc": "machine x password y", ".config/gh/hosts.yml": "token", "notes.txt": "visible"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(fakeHome, p)), 0o700)
+		os.WriteFile(filepath.Join(fakeHome, p), []byte(data), 0o600)
+	}
+	t.Setenv("HOME", fakeHome) // the daemon's user's home
+	home := newHome(t)
+	startDaemon(t, home)
+	show := []string{"--", "sh", "-c", `for f in notes.txt .ssh/id_test .netrc .config/gh/hosts.yml; do printf '%s=' $f; cat /mnt/h/$f 2>/dev/null; echo; done`}
+	ok(t, home, append([]string{"agent", "create", "hidden", "--strategy", "srt", "--mount", fakeHome + ":/mnt/h"}, show...)...)
+	got := ok(t, home, "exec", "hidden")
+	for _, want := range []string{"notes.txt=visible", ".ssh/id_test=\n", ".netrc=\n", ".config/gh/hosts.yml=\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("inside, with credentials hidden: want %q in\n%s", want, got)
+		}
+	}
+	ok(t, home, append([]string{"agent", "create", "optin", "--strategy", "srt", "--mount", fakeHome + ":/mnt/h", "--allow-credential", "ssh"}, show...)...)
+	got = ok(t, home, "exec", "optin")
+	for _, want := range []string{".ssh/id_test=PRIVATE KEY", ".netrc=\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("inside, with ssh opted in: want %q in\n%s", want, got)
+		}
+	}
+	if r := run(t, home, "", "agent", "create", "bad", "--allow-credential", "passwords", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "known: aws") {
+		t.Errorf("an unknown credential name: %+v", r)
+	}
+}

@@ -292,6 +292,7 @@ func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
 	for _, b := range ag.Secrets {
 		p.Secrets = append(p.Secrets, &adminv1.SecretBinding{Env: b.Env, Secret: b.Secret})
 	}
+	p.AllowCredentials = ag.AllowCredentials
 	p.Offered, p.NotOffered = a.s.offered(ag)
 	return p
 }
@@ -311,6 +312,7 @@ func agentFromProto(p *adminv1.Agent) agent.Agent {
 	for _, b := range p.Secrets {
 		ag.Secrets = append(ag.Secrets, agent.SecretBinding{Env: b.Env, Secret: b.Secret})
 	}
+	ag.AllowCredentials = p.AllowCredentials
 	return ag
 }
 

@@ -2,8 +2,11 @@ package supervisor
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -23,11 +26,57 @@ func (s *Supervisor) sandboxSpec(a agent.Agent, agentDir string) *session.Sandbo
 		NestedSandbox:   a.NestedSandbox,
 		Resolver:        s.cfg.SRT.Resolver,
 		TrustedCAPEM:    s.cfg.TrustedCAPEM,
+		Credentials:     credentialPaths(a),
 	}
 	for _, m := range a.Mounts {
 		sb.Mounts = append(sb.Mounts, session.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	return sb
+}
+
+// credentialPaths are the daemon user's credential files that exist and
+// that a has not opted back in, resolved.
+func credentialPaths(a agent.Agent) []string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return nil
+	}
+	var paths []string
+	for name, rel := range agent.Credentials {
+		if slices.Contains(a.AllowCredentials, name) {
+			continue
+		}
+		p, err := filepath.EvalSymlinks(filepath.Join(home, rel))
+		if err == nil {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	return paths
+}
+
+// exposedCredentials are the credential files of paths that a's mounts or
+// shared workspace hold, each with the directory that holds it.
+func exposedCredentials(a agent.Agent, paths []string) (exposed []string) {
+	roots := []string{a.SharedWorkspace}
+	for _, m := range a.Mounts {
+		roots = append(roots, m.Source)
+	}
+	for _, root := range roots {
+		if root == "" {
+			continue
+		}
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil {
+			continue
+		}
+		for _, p := range paths {
+			if p == r || strings.HasPrefix(p, r+"/") {
+				exposed = append(exposed, fmt.Sprintf("%s (in %s)", p, root))
+			}
+		}
+	}
+	return exposed
 }
 
 // systemDirs are never hidden, whoever has them as a home (sync's is /bin).

@@ -83,6 +83,10 @@ type Sandbox struct {
 	// TrustedCAPEM verifies, besides the system's store, the hosts the
 	// proxy sends secrets to (config trustedCAFile).
 	TrustedCAPEM string `json:"trustedCAPEM,omitempty"`
+	// Credentials are the daemon user's credential files (resolved host
+	// paths) that must be absent inside, wherever a mount or the shared
+	// workspace would show them.
+	Credentials []string `json:"credentials,omitempty"`
 }
 
 // Mount shares a host path into a boundary.

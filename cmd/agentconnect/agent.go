@@ -35,6 +35,7 @@ type agentFlags struct {
 	env             []string
 	envFile         string
 	secrets         []string
+	credentials     []string
 	allowDomains    []string
 	denyDomains     []string
 	nestedSandbox   bool
@@ -52,6 +53,7 @@ func (f *agentFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.mounts, "mount", nil, "share a host path: SRC:DST[:ro|rw] or type=bind,src=S,dst=D[,readonly] (read-only unless rw; repeatable)")
 	fs.StringArrayVar(&f.env, "env", nil, "set K=V, or K to take its value from this shell (repeatable)")
 	fs.StringVar(&f.envFile, "env-file", "", "read K=V lines from a file (# comments, blank lines ignored)")
+	fs.StringArrayVar(&f.credentials, "allow-credential", nil, "show a credential file of the daemon's user that a mount or the shared workspace holds, absent otherwise inside srt and microsandbox: ssh, aws, gh, netrc, docker, git-credentials, gcloud, kube (repeatable)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "bind ENV_VAR=SECRET from the secrets store (secret set): the value on host, a placeholder of the session inside srt and microsandbox (repeatable)")
 	fs.StringArrayVar(&f.allowDomains, "allow-domain", nil, "allow network access to a domain (example.com, *.example.com, host:port; repeatable)")
 	fs.StringArrayVar(&f.denyDomains, "deny-domain", nil, "deny network access to a domain (wins over allow; repeatable)")
@@ -98,6 +100,9 @@ func (f *agentFlags) apply(fs *pflag.FlagSet, a *adminv1.Agent) error {
 			env = append(env, expandEnv(kv))
 		}
 		a.Env = env
+	}
+	if changed("allow-credential") {
+		a.AllowCredentials = f.credentials
 	}
 	if changed("secret") {
 		a.Secrets = nil
@@ -340,6 +345,9 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 			where = "the real value: host has no boundary"
 		}
 		fmt.Fprintf(w, "secret:     %s from %s (%s)\n", b.Env, b.Secret, where)
+	}
+	if len(a.AllowCredentials) > 0 {
+		fmt.Fprintf(w, "credentials: %s shown where a mount holds them (every other one is absent inside)\n", strings.Join(a.AllowCredentials, ", "))
 	}
 	for _, m := range a.Mounts {
 		mode := "ro"

@@ -61,23 +61,24 @@ type resourcesJSON struct {
 }
 
 type agentJSON struct {
-	ID              string        `json:"id"`
-	Name            string        `json:"name"`
-	Strategy        string        `json:"strategy"`
-	Offered         bool          `json:"offered"`
-	NotOffered      string        `json:"notOffered"`
-	Command         []string      `json:"command"`
-	Env             []string      `json:"env"`
-	Secrets         []bindingJSON `json:"secrets"`
-	Workspace       string        `json:"workspace"`
-	SharedWorkspace string        `json:"sharedWorkspace"`
-	Mounts          []mountJSON   `json:"mounts"`
-	AllowedDomains  []string      `json:"allowedDomains"`
-	DeniedDomains   []string      `json:"deniedDomains"`
-	NestedSandbox   bool          `json:"nestedSandbox"`
-	Resources       resourcesJSON `json:"resources"`
-	CreatedAt       string        `json:"createdAt"`
-	Dir             string        `json:"dir"`
+	ID               string        `json:"id"`
+	Name             string        `json:"name"`
+	Strategy         string        `json:"strategy"`
+	Offered          bool          `json:"offered"`
+	NotOffered       string        `json:"notOffered"`
+	Command          []string      `json:"command"`
+	Env              []string      `json:"env"`
+	Secrets          []bindingJSON `json:"secrets"`
+	AllowCredentials []string      `json:"allowCredentials"`
+	Workspace        string        `json:"workspace"`
+	SharedWorkspace  string        `json:"sharedWorkspace"`
+	Mounts           []mountJSON   `json:"mounts"`
+	AllowedDomains   []string      `json:"allowedDomains"`
+	DeniedDomains    []string      `json:"deniedDomains"`
+	NestedSandbox    bool          `json:"nestedSandbox"`
+	Resources        resourcesJSON `json:"resources"`
+	CreatedAt        string        `json:"createdAt"`
+	Dir              string        `json:"dir"`
 }
 
 type bindingJSON struct {
@@ -193,7 +194,7 @@ func agentView(a *adminv1.Agent) agentJSON {
 		ID: a.Id, Name: a.Name, Strategy: a.Strategy, Offered: a.Offered, NotOffered: a.NotOffered,
 		Command: list(a.Command), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
 		Mounts: []mountJSON{}, AllowedDomains: list(a.AllowedDomains), DeniedDomains: list(a.DeniedDomains),
-		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{},
+		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{}, AllowCredentials: list(a.AllowCredentials),
 	}
 	for _, b := range a.Secrets {
 		v.Secrets = append(v.Secrets, bindingJSON{Env: b.Env, Secret: b.Secret})

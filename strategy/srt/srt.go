@@ -160,7 +160,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		DaemonHome: sb.DaemonHome, Hidden: sb.Hidden, AgentDir: sb.AgentDir,
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
-		NestedSandbox: sb.NestedSandbox, Command: spec.Command,
+		NestedSandbox: sb.NestedSandbox, Command: spec.Command, Credentials: sb.Credentials,
 		Ledger: protect.LedgerPath(sb.DaemonHome), CABundle: caFile,
 	}, exe, true)
 	if err != nil {

@@ -18,6 +18,10 @@ type Agent struct {
 	// Secrets bind variables to secrets of the daemon's store: the value on
 	// host, a placeholder of the session inside srt and microsandbox.
 	Secrets []SecretBinding `json:"secrets"`
+	// AllowCredentials opts credential files of the daemon's user back in
+	// (Credentials' names) where a mount or the shared workspace would
+	// show them; every other one is absent inside srt and microsandbox.
+	AllowCredentials []string `json:"allowCredentials"`
 	// Workspace is a path relative to the agent directory.
 	Workspace string `json:"workspace"`
 	// SharedWorkspace is a host directory declared as shared; when set it is
@@ -32,6 +36,19 @@ type Agent struct {
 	// RunInSandbox is the setting of agents made before strategies existed.
 	// It is mapped to Strategy once, and then dropped.
 	RunInSandbox *bool `json:"runInSandbox,omitempty"`
+}
+
+// Credentials are the daemon user's usual credential files, by the name an
+// agent opts one back in with, relative to that user's home.
+var Credentials = map[string]string{
+	"ssh":             ".ssh",
+	"aws":             ".aws",
+	"gh":              ".config/gh",
+	"netrc":           ".netrc",
+	"docker":          ".docker/config.json",
+	"git-credentials": ".git-credentials",
+	"gcloud":          ".config/gcloud",
+	"kube":            ".kube",
 }
 
 // SecretBinding sets the variable Env from the secret named Secret.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -64,6 +65,16 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 	for _, kv := range a.Env {
 		if err := validateEnv(kv); err != nil {
 			return errdefs.InvalidArgument("agent %s: %v", a.Name, err)
+		}
+	}
+	for _, c := range a.AllowCredentials {
+		if _, ok := Credentials[c]; !ok {
+			names := make([]string, 0, len(Credentials))
+			for n := range Credentials {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return errdefs.InvalidArgument("agent %s: --allow-credential %q: no such credential (known: %s)", a.Name, c, strings.Join(names, ", "))
 		}
 	}
 	if err := validateSecrets(a); err != nil {

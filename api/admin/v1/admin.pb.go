@@ -537,12 +537,15 @@ type Agent struct {
 	Resources       *Resources             `protobuf:"bytes,12,opt,name=resources,proto3" json:"resources,omitempty"`
 	CreatedAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Set by the daemon.
-	Dir           string           `protobuf:"bytes,14,opt,name=dir,proto3" json:"dir,omitempty"`
-	Offered       bool             `protobuf:"varint,15,opt,name=offered,proto3" json:"offered,omitempty"`
-	NotOffered    string           `protobuf:"bytes,16,opt,name=not_offered,json=notOffered,proto3" json:"not_offered,omitempty"` // why sessions of it are refused here
-	Secrets       []*SecretBinding `protobuf:"bytes,17,rep,name=secrets,proto3" json:"secrets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Dir        string           `protobuf:"bytes,14,opt,name=dir,proto3" json:"dir,omitempty"`
+	Offered    bool             `protobuf:"varint,15,opt,name=offered,proto3" json:"offered,omitempty"`
+	NotOffered string           `protobuf:"bytes,16,opt,name=not_offered,json=notOffered,proto3" json:"not_offered,omitempty"` // why sessions of it are refused here
+	Secrets    []*SecretBinding `protobuf:"bytes,17,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// Credential files of the daemon's user opted back in, by name (ssh,
+	// aws, gh, netrc, docker, git-credentials, gcloud, kube).
+	AllowCredentials []string `protobuf:"bytes,18,rep,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Agent) Reset() {
@@ -690,6 +693,13 @@ func (x *Agent) GetNotOffered() string {
 func (x *Agent) GetSecrets() []*SecretBinding {
 	if x != nil {
 		return x.Secrets
+	}
+	return nil
+}
+
+func (x *Agent) GetAllowCredentials() []string {
+	if x != nil {
+		return x.AllowCredentials
 	}
 	return nil
 }
@@ -2728,7 +2738,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
 	"\bdisk_gib\x18\x03 \x01(\rR\adiskGib\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xf1\x04\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\x9e\x05\n" +
 	"\x05Agent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -2749,7 +2759,8 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\aoffered\x18\x0f \x01(\bR\aoffered\x12\x1f\n" +
 	"\vnot_offered\x18\x10 \x01(\tR\n" +
 	"notOffered\x12>\n" +
-	"\asecrets\x18\x11 \x03(\v2$.agentconnect.admin.v1.SecretBindingR\asecrets\"9\n" +
+	"\asecrets\x18\x11 \x03(\v2$.agentconnect.admin.v1.SecretBindingR\asecrets\x12+\n" +
+	"\x11allow_credentials\x18\x12 \x03(\tR\x10allowCredentials\"9\n" +
 	"\rSecretBinding\x12\x10\n" +
 	"\x03env\x18\x01 \x01(\tR\x03env\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xf2\x01\n" +

@@ -137,6 +137,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	if err != nil {
 		return nil, err
 	}
+	b.hideCredentials(cfg)
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
 	if cfg.CABundle != nil {
 		b.add("--ro-bind-fd", b.fd(dup(cfg.CABundle)), CABundlePath)
@@ -205,6 +206,39 @@ func (b *builder) systemView(cfg Config) error {
 		b.add("--tmpfs", h)
 	}
 	return nil
+}
+
+// hideCredentials covers each credential file that a mount or the shared
+// workspace shows, at its path inside: a directory with an empty read-only
+// tmpfs, a file with /dev/null.
+func (b *builder) hideCredentials(cfg Config) {
+	type root struct{ source, target string }
+	var roots []root
+	if cfg.SharedWorkspace {
+		roots = append(roots, root{cfg.Workspace, cfg.Workspace})
+	}
+	for _, m := range cfg.Mounts {
+		roots = append(roots, root{m.Source, m.Target})
+	}
+	for _, r := range roots {
+		src, err := filepath.EvalSymlinks(r.source)
+		if err != nil {
+			continue
+		}
+		for _, c := range cfg.Credentials {
+			rel, err := filepath.Rel(src, c)
+			if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+				continue
+			}
+			inside := filepath.Join(r.target, rel)
+			if isDir(c) {
+				b.add("--tmpfs", inside)
+				b.readOnlyLater = append(b.readOnlyLater, inside)
+			} else {
+				b.add("--ro-bind", "/dev/null", inside)
+			}
+		}
+	}
 }
 
 func isDir(p string) bool {

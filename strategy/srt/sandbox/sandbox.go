@@ -88,6 +88,9 @@ type Config struct {
 	Memory          string
 	Tmp             string
 	Mounts          []Mount
+	// Credentials are host paths of the daemon user's credential files:
+	// absent inside wherever a mount or the shared workspace holds them.
+	Credentials []string
 	// NestedSandbox lets the runtime start its own sandbox inside (new user
 	// namespaces and mounts); Landlock is not applied then, as it forbids
 	// mounts.
