@@ -9,12 +9,14 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/http/cgi"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -281,4 +283,86 @@ func TestSRTHidesCredentialFiles(t *testing.T) {
 	if r := run(t, home, "", "agent", "create", "bad", "--allow-credential", "passwords", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "known: aws") {
 		t.Errorf("an unknown credential name: %+v", r)
 	}
+}
+
+// TestGitOverHTTPSWithABoundToken: git clone and push inside srt against a
+// loopback git server that wants a token in Basic credentials; the token
+// in the sandbox is a placeholder, which the proxy swaps inside the Basic
+// encoding on the way to the bound server only.
+func TestGitOverHTTPSWithABoundToken(t *testing.T) {
+	requireBwrap(t)
+	backend := "/usr/lib/git-core/git-http-backend"
+	if _, err := os.Stat(backend); err != nil {
+		t.Skipf("no %s (git is not installed)", backend)
+	}
+	repos := t.TempDir()
+	gitRun := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	gitRun(repos, "init", "-q", "--bare", "-b", "main", "project.git")
+	gitRun(filepath.Join(repos, "project.git"), "config", "http.receivepack", "true")
+	seed := t.TempDir()
+	gitRun(seed, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(seed, "README"), []byte("seed\n"), 0o644)
+	gitRun(seed, "add", "README")
+	gitRun(seed, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "seed")
+	gitRun(seed, "push", "-q", filepath.Join(repos, "project.git"), "main")
+
+	var seenTokens []string
+	var mu sync.Mutex
+	cgiHandler := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + repos, "GIT_HTTP_EXPORT_ALL=1", "REMOTE_USER=agent"}}
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, pass, ok := r.BasicAuth()
+		mu.Lock()
+		seenTokens = append(seenTokens, pass)
+		mu.Unlock()
+		if !ok || pass != secretValue {
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "token wanted", http.StatusUnauthorized)
+			return
+		}
+		cgiHandler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	caFile := filepath.Join(t.TempDir(), "git-ca.pem")
+	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
+
+	home := newHome(t)
+	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"}`)
+	startDaemon(t, home)
+	run(t, home, secretValue, "secret", "set", "git-token", "--host", fmt.Sprintf("127.0.0.1:%d", port), "--header", "authorization")
+	url := fmt.Sprintf("https://x-access-token:$TOKEN@127.0.0.1:%d/project.git", port)
+	ok(t, home, "agent", "create", "gitter", "--strategy", "srt", "--secret", "TOKEN=git-token",
+		"--allow-domain", fmt.Sprintf("127.0.0.1:%d", port), "--", "sh", "-c", `set -e
+export NO_PROXY= no_proxy=
+cd "$HOME"
+git clone -q "`+url+`" project
+cd project
+echo change > CHANGE
+git add CHANGE
+git -c user.name=agent -c user.email=agent@example.com commit -q -m "from the sandbox"
+git push -q origin main
+echo pushed`)
+	r := run(t, home, "", "exec", "gitter")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != "pushed" {
+		t.Fatalf("git inside srt: %+v", r)
+	}
+	out, err := exec.Command("git", "--git-dir", filepath.Join(repos, "project.git"), "log", "--format=%s", "-1", "main").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "from the sandbox" {
+		t.Errorf("the server's main: %q %v", out, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, tok := range seenTokens {
+		if tok != "" && tok != secretValue {
+			t.Errorf("the server was sent %q as the token: want the value (or none, for git's first try)", tok)
+		}
+	}
+	checkNoValue(t, home)
 }
