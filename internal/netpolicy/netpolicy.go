@@ -32,6 +32,16 @@ type Policy struct {
 	denied  []entry
 }
 
+// HostName names the host's loopback inside srt (through its proxy) and
+// microsandbox (through the VM's network): a policy opens it per port with
+// a "127.0.0.1:PORT" entry, or a "host.agentconnect.internal:PORT" one.
+const HostName = "host.agentconnect.internal"
+
+// IsHostName reports whether host is HostName (any case, a trailing dot).
+func IsHostName(host string) bool {
+	return strings.EqualFold(strings.TrimSuffix(host, "."), HostName)
+}
+
 // Decision is the outcome of a check. Reason names the rule that decided, in
 // words a user can act on.
 type Decision struct {

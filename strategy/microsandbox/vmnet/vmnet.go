@@ -56,7 +56,7 @@ const (
 	GuestIP   = "192.168.127.2" // the guest, configured statically
 	HostIP    = "192.168.127.254"
 	// HostName resolves to HostIP, which stands for the host's loopback.
-	HostName = "host.agentconnect.internal"
+	HostName = netpolicy.HostName
 )
 
 // MTU is the NIC's MTU; the guest should use the same.

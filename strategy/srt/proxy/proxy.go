@@ -342,6 +342,9 @@ func (s *Server) handshakeTimeout() time.Duration {
 // address and dials the first checked address that answers. Refusals are
 // *refusedError (and reported), resolution failures *resolveError.
 func (s *Server) connect(ctx context.Context, proto, host string, port int) (net.Conn, error) {
+	if netpolicy.IsHostName(host) {
+		return s.connectHost(ctx, proto, host, port)
+	}
 	if d := s.Policy.CheckName(host, port); !d.Allow {
 		return nil, s.refuse(proto, host, port, "", d.Reason)
 	}
@@ -372,6 +375,31 @@ func (s *Server) connect(ctx context.Context, proto, host string, port int) (net
 	}
 	s.logf("proxy: %s %s: %v", proto, hostPort(host, port), firstErr)
 	return nil, firstErr
+}
+
+// connectHost connects to the host's loopback for host.agentconnect.internal,
+// as microsandbox's network does: judged as 127.0.0.1 (how policies name
+// the host), then by the name, and dialled at 127.0.0.1.
+func (s *Server) connectHost(ctx context.Context, proto, host string, port int) (net.Conn, error) {
+	loopback := netip.MustParseAddr("127.0.0.1")
+	var refusal string
+	for _, candidate := range []string{loopback.String(), netpolicy.HostName} {
+		d := s.Policy.CheckName(candidate, port)
+		if d.Allow {
+			d = s.Policy.CheckAddr(candidate, loopback, port)
+		}
+		if d.Allow {
+			c, err := s.dialAddr(ctx, netip.AddrPortFrom(loopback, uint16(port)).String())
+			if err != nil {
+				s.logf("proxy: %s %s: %v", proto, hostPort(host, port), err)
+			}
+			return c, err
+		}
+		if refusal == "" {
+			refusal = d.Reason
+		}
+	}
+	return nil, s.refuse(proto, host, port, loopback.String(), refusal)
 }
 
 // resolve returns the addresses of host; an IP literal is returned as is,

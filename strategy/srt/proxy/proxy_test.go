@@ -559,6 +559,33 @@ func TestIPLiteral(t *testing.T) {
 	}
 }
 
+// TestHostName: host.agentconnect.internal is the host's loopback, as in
+// microsandbox: opened per port by a 127.0.0.1 entry or one naming it,
+// dialled at 127.0.0.1, resolved by nobody.
+func TestHostName(t *testing.T) {
+	echo := startEcho(t, "tcp", "127.0.0.1:0")
+	port := portOf(t, echo.Addr().String())
+	connect := fmt.Sprintf("CONNECT host.agentconnect.internal:%d HTTP/1.1\r\nHost: host.agentconnect.internal\r\n\r\n", port)
+	for _, entry := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("host.agentconnect.internal:%d", port)} {
+		e := startProxy(t, []string{entry}, nil, nil)
+		if resp, _ := rawHTTP(t, e, connect); resp.StatusCode != 200 {
+			t.Errorf("entry %s: CONNECT host.agentconnect.internal = %d, want 200", entry, resp.StatusCode)
+		}
+		if d := e.Dialed(); len(d) != 1 || d[0] != fmt.Sprintf("127.0.0.1:%d", port) {
+			t.Errorf("entry %s: dialled %v, want 127.0.0.1:%d", entry, d, port)
+		}
+		if n := e.resolver.lookups.Load(); n != 0 {
+			t.Errorf("entry %s: %d lookups, want none", entry, n)
+		}
+	}
+	for _, allowed := range [][]string{nil, {fmt.Sprintf("127.0.0.1:%d", port+1)}} {
+		e := startProxy(t, allowed, nil, nil)
+		if resp, body := rawHTTP(t, e, connect); resp.StatusCode != 403 || len(e.Dialed()) != 0 {
+			t.Errorf("allowed %v: CONNECT host.agentconnect.internal = %d %q, dialled %v; want 403 and nothing dialled", allowed, resp.StatusCode, body, e.Dialed())
+		}
+	}
+}
+
 func TestOriginFailures(t *testing.T) {
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
