@@ -141,16 +141,9 @@ func newSecretRemoveCommand(g *globals) *cobra.Command {
 		Short:   "Remove a secret (refused while an agent is bound to it, unless --force)",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if _, err := c.admin.RemoveSecret(cmd.Context(), &adminv1.RemoveSecretRequest{Name: args[0], Force: force}); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "secret %s removed\n", args[0])
-			return nil
+			return callAndPrint(cmd, g, false, func(ctx context.Context, c adminv1.AdminClient) (*adminv1.RemoveSecretResponse, error) {
+				return c.RemoveSecret(ctx, &adminv1.RemoveSecretRequest{Name: args[0], Force: force})
+			}, nil, func(w io.Writer, _ *adminv1.RemoveSecretResponse) { fmt.Fprintf(w, "secret %s removed\n", args[0]) })
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "remove it even while agents are bound to it (their sessions refuse to start until it is set again)")
