@@ -2,11 +2,18 @@ package integration
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"io/fs"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/cgi"
@@ -365,4 +372,66 @@ echo pushed`)
 		}
 	}
 	checkNoValue(t, home)
+}
+
+// TestSRTInjectionRefusals: from inside srt, a bound host whose certificate
+// does not verify gets no request and the client reads why; a request whose
+// Host is not the tunnel's target is refused (421).
+func TestSRTInjectionRefusals(t *testing.T) {
+	requireBwrap(t)
+	reached := make(chan string, 4)
+	newHost := func() (*httptest.Server, int) {
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached <- r.Host }))
+		t.Cleanup(srv.Close)
+		return srv, srv.Listener.Addr().(*net.TCPAddr).Port
+	}
+	trusted, trustedPort := newHost()
+	// httptest's servers share one certificate: this one gets its own,
+	// which nobody trusts.
+	untrusted := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached <- r.Host }))
+	untrusted.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+	untrusted.StartTLS()
+	t.Cleanup(untrusted.Close)
+	untrustedPort := untrusted.Listener.Addr().(*net.TCPAddr).Port
+	home := newHome(t)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: trusted.Certificate().Raw}), 0o644)
+	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"}`)
+	startDaemon(t, home)
+	run(t, home, secretValue, "secret", "set", "k", "--host", fmt.Sprintf("127.0.0.1:%d", trustedPort), "--host", fmt.Sprintf("127.0.0.1:%d", untrustedPort))
+	ok(t, home, "agent", "create", "c", "--strategy", "srt", "--secret", "KEY=k",
+		"--allow-domain", fmt.Sprintf("127.0.0.1:%d", trustedPort), "--allow-domain", fmt.Sprintf("127.0.0.1:%d", untrustedPort), "--",
+		"sh", "-c", fmt.Sprintf(`curl -s --noproxy '' -w ' %%{http_code}\n' -H "X-Api-Key: $KEY" https://127.0.0.1:%d/
+curl -s --noproxy '' -o /dev/null -w '%%{http_code}\n' -H "Host: api.example.com" -H "X-Api-Key: $KEY" https://127.0.0.1:%d/`, untrustedPort, trustedPort))
+	r := run(t, home, "", "exec", "c")
+	// The refusal's body (a line), its code, then the second request's.
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "did not prove who it is") || lines[1] != " 502" || lines[2] != "421" {
+		t.Errorf("inside: %q (want the untrusted host's 502 with the reason, then 421)\n%s", lines, r.stderr)
+	}
+	select {
+	case h := <-reached:
+		t.Errorf("a request reached a host (%s) it should not have", h)
+	default:
+	}
+	checkNoValue(t, home)
+}
+
+// selfSigned is a certificate for 127.0.0.1 that no CA vouches for.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "untrusted"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
@@ -250,22 +251,27 @@ type prefixedConn struct {
 func (c *prefixedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // refuse answers the session's requests on c with a 502 that says why,
-// over HTTP/1.1 or HTTP/2, then closes it.
+// over HTTP/1.1 or HTTP/2, and closes c once one is answered.
 func refuse(c *tls.Conn, msg string) {
 	l := newOneConnListener(c)
+	var answered atomic.Bool
 	srv := &http.Server{
 		ReadHeaderTimeout: handshakeTimeout,
+		IdleTimeout:       handshakeTimeout,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Connection", "close")
 			http.Error(w, msg, http.StatusBadGateway)
+			answered.Store(true)
 		}),
-		ConnState: func(c net.Conn, s http.ConnState) {
-			if s == http.StateIdle {
-				c.Close() // one answer is enough
-			}
-			l.connState(c, s)
-		},
+	}
+	srv.ConnState = func(conn net.Conn, s http.ConnState) {
+		// An HTTP/2 connection is idle before its first request too. Shutdown
+		// lets the answer out (HTTP/2: a GOAWAY after it), then closes.
+		if s == http.StateIdle && answered.Load() {
+			go srv.Shutdown(context.Background())
+		}
+		l.connState(conn, s)
 	}
 	srv.Serve(l)
-	c.Close()
+	l.wait()
 }

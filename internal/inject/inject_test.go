@@ -237,13 +237,15 @@ func TestUnverifiedHostGetsNothing(t *testing.T) {
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached <- struct{}{} }))
 	up.StartTLS()
 	defer up.Close()
-	c, _, done, _ := session(t, up, x509.NewCertPool(), false, anthropic)
-	resp, body := get(t, c, "https://example.com/", map[string]string{"X-Api-Key": placeholder})
-	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "did not prove who it is") {
-		t.Errorf("an unverified host: %d %q", resp.StatusCode, body)
-	}
-	if err := <-done; err == nil || !strings.Contains(err.Error(), "TLS upstream") {
-		t.Errorf("Intercept: %v", err)
+	for _, h2 := range []bool{false, true} {
+		c, _, done, _ := session(t, up, x509.NewCertPool(), h2, anthropic)
+		resp, body := get(t, c, "https://example.com/", map[string]string{"X-Api-Key": placeholder})
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "did not prove who it is") {
+			t.Errorf("an unverified host, h2=%v: %d %q", h2, resp.StatusCode, body)
+		}
+		if err := <-done; err == nil || !strings.Contains(err.Error(), "TLS upstream") {
+			t.Errorf("Intercept, h2=%v: %v", h2, err)
+		}
 	}
 	select {
 	case <-reached:
