@@ -32,6 +32,10 @@ PACKAGES="
 #   bubblewrap: srt, and the confinement of QEMU and virtiofsd
 #   iproute2 (test network namespaces), curl, python3, nodejs: what the tests
 #     run inside sandboxes and VMs
+#   npm: the real runtimes the tests install (claude-agent-acp, pinned) and the
+#     bench's reference sandbox-runtime; Debian's nodejs does not bring it (a
+#     nodejs from NodeSource does, and conflicts with Debian's npm)
+#   git also brings git-http-backend, the tests' git server over HTTPS
 #   qemu-system-x86 (brings virtiofsd), e2fsprogs (mke2fs, debugfs,
 #     dumpe2fs): microsandbox; busybox-static: the guest agent's own VM tests
 # scripts/build-image.sh installs what the image build needs.
@@ -41,6 +45,7 @@ for p in $PACKAGES; do
 	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
 	[ "$st" = installed ] || missing="$missing $p"
 done
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 
 if [ -n "$missing" ]; then
 	if [ "$(id -u)" -ne 0 ]; then
