@@ -64,38 +64,54 @@ func startInjector(h *shim.Host, secrets []*shimv1.Secret, trustedPEM string) (_
 	if err != nil {
 		return nil, nil, err
 	}
-	defer theirs.Close()
 	in.sender = sender
-	stdinR, stdinW, err := os.Pipe()
-	if err != nil {
+	// The child's ends are closed once it holds them, or on an error
+	// before; the shim's ends here only if it did not start.
+	childEnds := []*os.File{theirs}
+	defer func() {
+		for _, f := range childEnds {
+			f.Close()
+		}
+	}()
+	var ours []*os.File
+	notStarted := func(err error) (*injector, []byte, error) {
 		sender.Close()
-		return nil, nil, err
-	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		sender.Close()
-		stdinR.Close()
-		stdinW.Close()
-		return nil, nil, err
-	}
-	stderrR, stderrW, err := os.Pipe()
-	if err != nil {
-		sender.Close()
-		for _, f := range []*os.File{stdinR, stdinW, stdoutR, stdoutW} {
+		for _, f := range ours {
 			f.Close()
 		}
 		return nil, nil, err
 	}
-	pid, _, err := h.Spawn(path, []string{"agentconnect-inject"}, &os.ProcAttr{Files: []*os.File{stdinR, stdoutW, stderrW, theirs}})
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
+	pipe := func(childReads bool) (child, mine *os.File, err error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, nil, err
+		}
+		if child, mine = w, r; childReads {
+			child, mine = r, w
+		}
+		childEnds, ours = append(childEnds, child), append(ours, mine)
+		return child, mine, nil
+	}
+	stdinR, stdinW, err := pipe(true)
 	if err != nil {
-		sender.Close()
-		stdinW.Close()
-		stdoutR.Close()
-		stderrR.Close()
-		return nil, nil, fmt.Errorf("start agentconnect-inject: %w", err)
+		return notStarted(err)
+	}
+	stdoutW, stdoutR, err := pipe(false)
+	if err != nil {
+		return notStarted(err)
+	}
+	stderrW, stderrR, err := pipe(false)
+	if err != nil {
+		return notStarted(err)
+	}
+	pid, _, err := h.Spawn(path, []string{"agentconnect-inject"}, &os.ProcAttr{Files: []*os.File{stdinR, stdoutW, stderrW, theirs}})
+	// Now, not at return: its stdout must end when it does.
+	for _, f := range childEnds {
+		f.Close()
+	}
+	childEnds = nil
+	if err != nil {
+		return notStarted(fmt.Errorf("start agentconnect-inject: %w", err))
 	}
 	in.pid = pid
 	defer func() {
