@@ -145,15 +145,15 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 		spec.Sandbox = s.sandboxSpec(a, agentDir)
 	}
 	if a.Strategy == strategy.Microsandbox {
-		// A share cannot hide a path inside it from the guest's root: a
-		// credential file in one is refused unless the agent opted it in.
-		if exposed := exposedCredentials(a, credentialPaths(a)); len(exposed) > 0 {
-			return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition("agent %s: a mount or the shared workspace holds credential files of the daemon's user, which a microsandbox share cannot hide: %s; mount a narrower directory, or opt one in with agent edit %s --allow-credential NAME",
-				a.Name, strings.Join(exposed, ", "), a.Name)
-		}
 		// cpus and memory size the VM; the cgroup keeps only its pids limit.
 		spec.Limits = session.Limits{Pids: int64(a.Resources.Pids)}
 		spec.Sandbox = s.sandboxSpec(a, agentDir)
+		// A share cannot hide a path inside it from the guest's root: a
+		// credential file in one is refused unless the agent opted it in.
+		if exposed := exposedCredentials(a, spec.Sandbox.Credentials); len(exposed) > 0 {
+			return session.Spec{}, runSecrets{}, errdefs.FailedPrecondition("agent %s: a mount or the shared workspace holds credential files of the daemon's user, which a microsandbox share cannot hide: %s; mount a narrower directory, or opt one in with agent edit %s --allow-credential NAME",
+				a.Name, strings.Join(exposed, ", "), a.Name)
+		}
 		spec.Sandbox.Resolver = s.cfg.VM.Resolver
 		vm, err := s.vmSpec(a, spec)
 		if err != nil {
