@@ -12,9 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
-	"github.com/agentconnect-md/agentconnect/strategy/srt/proxy"
 )
 
 // startRawOrigin serves TCP on 127.0.0.1 with handle, one call per
@@ -263,24 +260,7 @@ func TestServeClosesForwardedRequests(t *testing.T) {
 		reached <- struct{}{}
 		<-release // never answers while the test runs
 	})
-	p, err := netpolicy.New([]string{fmt.Sprintf("127.0.0.1:%d", port)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &proxy.Server{Policy: p, Logf: t.Logf}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
-
-	c, err := net.DialTimeout("tcp", l.Addr().String(), ioTimeout)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(ioTimeout))
+	c, stopServe := serveOwnListener(t, port)
 	fmt.Fprintf(c, "GET http://127.0.0.1:%d/ HTTP/1.1\r\n\r\n", port)
 	select {
 	case <-reached:
@@ -288,15 +268,7 @@ func TestServeClosesForwardedRequests(t *testing.T) {
 		t.Fatal("the request did not reach the origin")
 	}
 
-	l.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Serve = %v, want nil", err)
-		}
-	case <-time.After(ioTimeout):
-		t.Fatal("Serve did not return after the listener closed")
-	}
+	stopServe()
 	// The client may get a 502 (its origin connection was closed first), and
 	// then the end of its connection.
 	got, err := io.ReadAll(c)

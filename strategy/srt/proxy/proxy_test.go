@@ -896,9 +896,11 @@ func TestSlowClientsDoNotBlockOthers(t *testing.T) {
 	}
 }
 
-func TestServeClosesTunnels(t *testing.T) {
-	echo := startEcho(t, "tcp", "127.0.0.1:0")
-	port := portOf(t, echo.Addr().String())
+// serveOwnListener serves a proxy that opens 127.0.0.1:port on a listener
+// of its own, and returns a client connection to it and stopServe, which
+// closes the listener and checks that Serve returns nil.
+func serveOwnListener(t *testing.T, port int) (c net.Conn, stopServe func()) {
+	t.Helper()
 	p, err := netpolicy.New([]string{fmt.Sprintf("127.0.0.1:%d", port)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -910,13 +912,30 @@ func TestServeClosesTunnels(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
-
-	c, err := net.DialTimeout("tcp", l.Addr().String(), ioTimeout)
+	c, err = net.DialTimeout("tcp", l.Addr().String(), ioTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(ioTimeout))
+	return c, func() {
+		t.Helper()
+		l.Close()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve = %v, want nil", err)
+			}
+		case <-time.After(ioTimeout):
+			t.Fatal("Serve did not return after the listener closed")
+		}
+	}
+}
+
+func TestServeClosesTunnels(t *testing.T) {
+	echo := startEcho(t, "tcp", "127.0.0.1:0")
+	port := portOf(t, echo.Addr().String())
+	c, stopServe := serveOwnListener(t, port)
 	fmt.Fprintf(c, "CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\n", port)
 	br := bufio.NewReader(c)
 	if resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != 200 {
@@ -927,15 +946,7 @@ func TestServeClosesTunnels(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Serve = %v, want nil", err)
-		}
-	case <-time.After(ioTimeout):
-		t.Fatal("Serve did not return after the listener closed")
-	}
+	stopServe()
 	if n, err := br.Read(make([]byte, 1)); err == nil {
 		t.Errorf("tunnel read %d bytes after Serve returned, want it closed", n)
 	}
