@@ -71,7 +71,7 @@ func exposedCredentials(a agent.Agent, paths []string) (exposed []string) {
 			continue
 		}
 		for _, p := range paths {
-			if p == r || strings.HasPrefix(p, r+"/") {
+			if agent.Within(r, p) {
 				exposed = append(exposed, fmt.Sprintf("%s (in %s)", p, root))
 			}
 		}

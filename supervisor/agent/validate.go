@@ -225,14 +225,14 @@ func ResolveInside(root, rel string) (string, error) {
 		return "", fmt.Errorf("resolve %s: %w", full, err)
 	}
 	resolved = filepath.Join(resolved, rest)
-	if !within(realRoot, resolved) || resolved == realRoot {
+	if !Within(realRoot, resolved) || resolved == realRoot {
 		return "", fmt.Errorf("resolves to %s, outside %s", resolved, root)
 	}
 	return resolved, nil
 }
 
-// within reports whether path is dir or below it.
-func within(dir, path string) bool {
+// Within reports whether path is dir or below it.
+func Within(dir, path string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
@@ -252,10 +252,10 @@ func existingOutside(path, daemonHome, what string) (string, error) {
 	if err != nil {
 		realHome = filepath.Clean(daemonHome)
 	}
-	if within(realHome, resolved) {
+	if Within(realHome, resolved) {
 		return "", fmt.Errorf("%s %s is inside the daemon home %s, which no boundary may see", what, path, daemonHome)
 	}
-	if within(resolved, realHome) {
+	if Within(resolved, realHome) {
 		return "", fmt.Errorf("%s %s contains the daemon home %s, which no boundary may see", what, path, daemonHome)
 	}
 	return resolved, nil
@@ -278,11 +278,11 @@ func validateMount(m *Mount, daemonHome string) error {
 	}
 	target := filepath.Clean(m.Target)
 	for _, p := range protectedTargets {
-		if target == p || (p != "/" && within(p, target)) {
+		if target == p || (p != "/" && Within(p, target)) {
 			return fmt.Errorf("mount target %s: may not cover %s", m.Target, p)
 		}
 	}
-	if within(filepath.Clean(daemonHome), target) {
+	if Within(filepath.Clean(daemonHome), target) {
 		return fmt.Errorf("mount target %s: may not cover the daemon home", m.Target)
 	}
 	m.Source, m.Target = src, target

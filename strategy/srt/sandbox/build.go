@@ -226,10 +226,10 @@ func (b *builder) hideCredentials(cfg Config) {
 			continue
 		}
 		for _, c := range cfg.Credentials {
-			rel, err := filepath.Rel(src, c)
-			if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			if !within(src, c) {
 				continue
 			}
+			rel, _ := filepath.Rel(src, c)
 			inside := filepath.Join(r.target, rel)
 			if isDir(c) {
 				b.add("--tmpfs", inside)
