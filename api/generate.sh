@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerates the Go code of the APIs into OUT (default: the repository).
-# Needs protoc, protoc-gen-go and protoc-gen-go-ttrpc on PATH (make tools).
+# Needs protoc, protoc-gen-go and protoc-gen-go-ttrpc on PATH (make proto installs them).
 set -eu
 cd "$(dirname "$0")/.."
 out=${1:-.}

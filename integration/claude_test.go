@@ -73,7 +73,7 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.Contains(string(body), `"tool_result"`):
 		blocks = []map[string]any{{"type": "text", "text": "The file is written."}}
 	case strings.Contains(string(body), "WRITE-THE-FILE"):
-		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": f.target, "content": "written by claude inside srt\n"}}}
+		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": f.target, "content": "written by claude inside a boundary\n"}}}
 		stop = "tool_use"
 	default:
 		blocks = []map[string]any{{"type": "text", "text": "ok"}}
@@ -115,6 +115,19 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // file is written in the workspace.
 func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 	requireBwrap(t)
+	claudeTurnWithABoundKey(t, "srt", "")
+}
+
+// TestClaudeTurnInMicrosandboxWithABoundKey: the same turn in a VM, its
+// key put on the wire by the VM's network stack.
+func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
+	requireMicrosandbox(t)
+	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
+}
+
+// claudeTurnWithABoundKey runs the turn in strategy, with config keys
+// besides trustedCAFile.
+func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 	mods := claudeACP(t)
 	home := newHome(t)
 	api := &fakeAnthropic{}
@@ -123,18 +136,18 @@ func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	caFile := filepath.Join(t.TempDir(), "api-ca.pem")
 	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
-	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"}`)
+	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
 	startDaemon(t, home)
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", port)
 	run(t, home, secretValue, "secret", "set", "claude", "--host", hostPort, "--header", "x-api-key", "--header", "authorization")
-	ok(t, home, "agent", "create", "claude", "--strategy", "srt", "--secret", "ANTHROPIC_API_KEY=claude",
-		"--allow-domain", hostPort, "--mount", mods+":/opt/acp/node_modules",
+	ok(t, home, "agent", "create", "claude", "--strategy", strategy, "--secret", "ANTHROPIC_API_KEY=claude",
+		"--allow-domain", hostPort, "--mount", mods+":/opt/acp/node_modules:ro",
 		"--env", "ANTHROPIC_BASE_URL=https://"+hostPort, "--env", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "--env", "DISABLE_AUTOUPDATER=1",
 		"--", "node", "/opt/acp/node_modules/@zed-industries/claude-agent-acp/dist/index.js")
 	workspace := filepath.Join(agentDir(t, home, "claude"), "workspace")
 	api.target = filepath.Join(workspace, "hello.txt")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, agentconnect(), "--home", home, "exec", "claude")
 	stdin, _ := cmd.StdinPipe()
@@ -207,7 +220,7 @@ func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 	if res, _ := r["result"].(map[string]any); res == nil || res["stopReason"] != "end_turn" {
 		t.Errorf("session/prompt: %v\nstderr:\n%s\nAPI calls: %v", r, stderr.String(), api.paths)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside srt\n" {
+	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
 		t.Errorf("the tool's file: %q, %v", data, err)
 	}
 	api.mu.Lock()

@@ -61,6 +61,7 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, erro
 	for i, m := range a.Mounts {
 		vm.Shares = append(vm.Shares, session.VMShare{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
+	vm.CredentialLayout = credentialLayout(a)
 	return vm, nil
 }
 

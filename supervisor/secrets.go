@@ -87,11 +87,6 @@ func (s *Supervisor) secretEnv(a agent.Agent) (recorded []string, private runSec
 		if !ok {
 			return nil, runSecrets{}, errdefs.FailedPrecondition("agent %s: %s is bound to secret %q, which was removed: set it again (agentconnect secret set %s ...) or unbind it (agent edit)", a.Name, b.Env, b.Secret, b.Secret)
 		}
-		if a.Strategy == strategy.Microsandbox {
-			// Its network stack does not swap placeholders yet: a run that
-			// could not authenticate is refused, not started.
-			return nil, runSecrets{}, errdefs.FailedPrecondition("agent %s: %s is bound to secret %s, and microsandbox sessions cannot put secrets on the wire yet: use the srt strategy, or pass the variable with --env", a.Name, b.Env, b.Secret)
-		}
 		if a.Strategy == strategy.Host {
 			// No boundary: the runtime is trusted with the value itself.
 			private.env = append(private.env, b.Env+"="+string(sec.Value))
@@ -102,4 +97,18 @@ func (s *Supervisor) secretEnv(a agent.Agent) (recorded []string, private runSec
 		private.bindings = append(private.bindings, &shimv1.Secret{Placeholder: ph, Value: string(sec.Value), Hosts: sec.Hosts, Headers: sec.Headers})
 	}
 	return recorded, private, nil
+}
+
+// credentialLayout is where a's secrets are inside its VM (not their
+// values, nor their hosts): a change rebuilds the VM, a new value does not.
+func credentialLayout(a agent.Agent) []string {
+	var layout []string
+	for _, b := range a.Secrets {
+		layout = append(layout, "env "+b.Env+"="+b.Secret)
+	}
+	for _, name := range a.AllowCredentials {
+		layout = append(layout, "allow "+name)
+	}
+	sort.Strings(layout)
+	return layout
 }

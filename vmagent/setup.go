@@ -1,6 +1,7 @@
 package vmagent
 
 import (
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -62,6 +63,7 @@ type setupPlan struct {
 	root, upper, docker string // disk serials; docker may be ""
 	shares              []shareSpec
 	network             *networkSpec
+	sessionCA           string // PEM; "" for none
 }
 
 type shareSpec struct {
@@ -101,7 +103,59 @@ func checkSetup(req *vmagentv1.SetupRequest) (setupPlan, error) {
 		}
 		plan.network = &n
 	}
+	if ca := req.GetSessionCaPem(); ca != "" {
+		if block, _ := pem.Decode([]byte(ca)); block == nil || block.Type != "CERTIFICATE" || len(ca) > maxSessionCA {
+			return plan, errdefs.InvalidArgument("setup: the session CA is not one PEM certificate of at most %d bytes", maxSessionCA)
+		}
+		plan.sessionCA = ca
+	}
 	return plan, nil
+}
+
+// maxSessionCA bounds the session CA's PEM (one P-256 certificate is
+// under 1 KiB).
+const maxSessionCA = 16 << 10
+
+// Where the guest finds its trust store: the image's system bundle, and
+// the bundle with the session CA (session.CABundlePath), which the
+// runtime's trust variables name.
+const (
+	systemCABundle  = "/etc/ssl/certs/ca-certificates.crt"
+	sessionCABundle = "/run/agentconnect/ca-bundle.pem"
+)
+
+// trustSessionCA writes the system's certificates and the session CA's to
+// sessionCABundle (on the guest's /run, gone at power-off) and binds that,
+// read-only, over the system bundle, so that tools reading it trust the
+// session CA for this boot only: the upper disk keeps the image's file.
+func trustSessionCA(root, caPEM string) error {
+	var system []byte
+	resolved, err := resolveIn(root, systemCABundle)
+	if err != nil {
+		return err
+	}
+	if err := checkResolvedTarget(systemCABundle, resolved); err != nil {
+		return err
+	}
+	sysPath := filepath.Join(root, resolved)
+	fi, err := os.Lstat(sysPath)
+	regular := err == nil && fi.Mode().IsRegular()
+	if regular {
+		if system, err = os.ReadFile(sysPath); err != nil {
+			return err
+		}
+	}
+	if err := replaceFile(root, sessionCABundle, string(system)+"\n"+caPEM); err != nil {
+		return err
+	}
+	if !regular {
+		return nil // an image without a system bundle: the variables name ours
+	}
+	bundle := filepath.Join(root, sessionCABundle)
+	if err := unix.Mount(bundle, sysPath, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s over %s: %w", sessionCABundle, resolved, err)
+	}
+	return unix.Mount("", sysPath, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "")
 }
 
 func checkDisk(role string, d *vmagentv1.Disk, required, writable bool) (string, error) {
@@ -263,6 +317,11 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 			if err := step("write "+name, replaceFile(root, name, content)); err != nil {
 				return err
 			}
+		}
+	}
+	if plan.sessionCA != "" {
+		if err := step("trust the session CA", trustSessionCA(root, plan.sessionCA)); err != nil {
+			return err
 		}
 	}
 	if err := step("switch root", switchRoot(root)); err != nil {

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
 	vmagentv1 "github.com/agentconnect-md/agentconnect/api/vmagent/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
@@ -76,6 +79,10 @@ func TestCheckSetupRefuses(t *testing.T) {
 		{"hostname with underscore", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a_b" }, "hostname"},
 		{"hostname with a trailing dash", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a-.b" }, "hostname"},
 		{"hostname too long", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = strings.Repeat("a.", 33) + "a" }, "longer than 64"},
+		{"session CA not PEM", func(r *vmagentv1.SetupRequest) { r.SessionCaPem = "not a certificate" }, "session CA"},
+		{"session CA a key", func(r *vmagentv1.SetupRequest) {
+			r.SessionCaPem = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+		}, "session CA"},
 	}
 	for _, tt := range tests {
 		req := validSetup()
@@ -217,5 +224,42 @@ func TestFindDisksWaitsForLateNodes(t *testing.T) {
 	}()
 	if got, err := findDisks(p, []string{"root"}, 5*time.Second); err != nil || got["root"] == "" {
 		t.Errorf("findDisks = %v, %v; want the disk once its node appears", got, err)
+	}
+}
+
+// TestTrustSessionCA: the bundle holds the image's certificates and the
+// session CA's, and is what the system bundle's path reads, for this boot
+// only: the file beneath is the image's. Needs root (a bind mount).
+func TestTrustSessionCA(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: binds the bundle over the system's")
+	}
+	root := t.TempDir()
+	sys := filepath.Join(root, systemCABundle)
+	if err := os.MkdirAll(filepath.Dir(sys), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sys, []byte("SYSTEM\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+	if err := trustSessionCA(root, ca); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(sys, unix.MNT_DETACH)
+	for _, p := range []string{sys, filepath.Join(root, sessionCABundle)} {
+		if got, _ := os.ReadFile(p); string(got) != "SYSTEM\n\n"+ca {
+			t.Errorf("%s holds %q", p, got)
+		}
+	}
+	if err := os.WriteFile(sys, []byte("x"), 0o644); err == nil {
+		t.Error("the bound bundle is writable")
+	}
+	unix.Unmount(sys, unix.MNT_DETACH)
+	if got, _ := os.ReadFile(sys); string(got) != "SYSTEM\n" {
+		t.Errorf("the image's bundle beneath holds %q", got)
+	}
+	if sessionCABundle != session.CABundlePath {
+		t.Errorf("the guest's bundle %s is not where the runtime's variables point (%s)", sessionCABundle, session.CABundlePath)
 	}
 }

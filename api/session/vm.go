@@ -36,6 +36,10 @@ type VM struct {
 	// Hidden are directories QEMU and virtiofsd may not see (the daemon's
 	// home), apart from the VM's own files.
 	Hidden []string `json:"hidden"`
+	// CredentialLayout says where the run's secrets are inside, not what
+	// they are: "env VAR=SECRET" for each binding, "allow NAME" for each
+	// credential file the agent opted in. Part of the identity.
+	CredentialLayout []string `json:"credentialLayout,omitempty"`
 }
 
 // Identity is the hash of everything that makes a VM what it is: the image
@@ -52,7 +56,9 @@ func (c VM) Identity() string {
 		CPUs, Memory, Disk int
 		Shares             []share
 		CredentialLayout   int
-	}{Image: c.ImageDigest, CPUs: c.CPUs, Memory: c.MemoryMiB, Disk: c.DiskGiB, CredentialLayout: 1}
+		// Empty, it leaves the identities of VMs made before it as they were.
+		Credentials []string `json:",omitempty"`
+	}{Image: c.ImageDigest, CPUs: c.CPUs, Memory: c.MemoryMiB, Disk: c.DiskGiB, CredentialLayout: 1, Credentials: c.CredentialLayout}
 	for _, s := range c.Shares {
 		id.Shares = append(id.Shares, share{s.Source, s.Target, s.ReadOnly})
 	}

@@ -49,7 +49,10 @@ func run() error {
 	}
 	icfg := inject.Config{Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }}
 	if cfg.RootCAsPEM != "" {
-		icfg.RootCAs = x509.NewCertPool()
+		// Besides the system's store, not instead of it.
+		if icfg.RootCAs, err = x509.SystemCertPool(); err != nil {
+			icfg.RootCAs = x509.NewCertPool()
+		}
 		if !icfg.RootCAs.AppendCertsFromPEM([]byte(cfg.RootCAsPEM)) {
 			return errors.New("rootCAsPEM holds no certificate")
 		}
@@ -74,6 +77,6 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		go in.Intercept(ctx, client, t.Buffered, upstream, t.Host, t.Port)
+		go in.Intercept(ctx, client, t.Buffered, upstream, t.Hosts, t.Port)
 	}
 }

@@ -12,6 +12,7 @@
 package inject
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -22,8 +23,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
@@ -60,7 +63,7 @@ type Injector struct {
 
 type boundSecret struct {
 	Secret
-	hosts *netpolicy.Policy
+	hosts *netpolicy.Binding
 }
 
 // New makes the session's CA and checks the secrets.
@@ -71,7 +74,7 @@ func New(cfg Config) (*Injector, error) {
 		if s.Placeholder == "" || s.Value == "" || len(s.Hosts) == 0 {
 			return nil, errors.New("inject: a secret needs a placeholder, a value and a host")
 		}
-		p, err := netpolicy.New(s.Hosts, nil)
+		p, err := netpolicy.NewBinding(s.Hosts)
 		if err != nil {
 			return nil, fmt.Errorf("inject: %w", err)
 		}
@@ -99,11 +102,22 @@ func New(cfg Config) (*Injector, error) {
 // store. Its key stays in this process.
 func (in *Injector) CACertPEM() []byte { return in.ca.pem }
 
-// Binds reports whether a secret is bound to host:port: the proxy hands
-// such connections to Intercept and tunnels every other one untouched.
+// Binds reports whether a secret is bound to host:port (netpolicy.Binding:
+// 443 for a host named without a port): the proxy hands such connections to
+// Intercept and tunnels every other one untouched.
 func (in *Injector) Binds(host string, port int) bool {
 	for _, s := range in.secrets {
-		if s.hosts.CheckName(host, port).Allow {
+		if s.hosts.TLS(host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// bindsPlain reports whether plain HTTP to host:port is bound.
+func (in *Injector) bindsPlain(host string, port int) bool {
+	for _, s := range in.secrets {
+		if s.hosts.Plain(host, port) {
 			return true
 		}
 	}
@@ -115,11 +129,11 @@ func (in *Injector) Binds(host string, port int) bool {
 // Basic credentials, decoded and encoded again. Placeholders of secrets not
 // bound here are left as they are: they are worthless outside. It returns
 // the encoded credentials it made, each with what it stood for inside, so
-// that an echo of them is redacted too.
-func (in *Injector) swapRequest(h http.Header, host string, port int) [][2][]byte {
+// that an echo of them is redacted too. plain: the request is plain HTTP.
+func (in *Injector) swapRequest(h http.Header, host string, port int, plain bool) [][2][]byte {
 	var made [][2][]byte
 	for _, s := range in.secrets {
-		if !s.hosts.CheckName(host, port).Allow {
+		if bound := s.hosts.TLS(host, port); plain && !s.hosts.Plain(host, port) || !bound {
 			continue
 		}
 		for name, values := range h {
@@ -185,40 +199,72 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
-// Intercept is Serve for a proxy (srt's proxy.Interceptor): what goes
-// wrong is logged.
-func (in *Injector) Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int) {
-	if err := in.Serve(ctx, client, buffered, upstream, host, port); err != nil {
-		in.cfg.Logf("secret injection for %s:%d: %v", host, port, err)
+// Intercept is Serve for a proxy (srt's proxy.Interceptor, vmnet's): what
+// goes wrong is logged.
+func (in *Injector) Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, hosts []string, port int) {
+	if err := in.Serve(ctx, client, buffered, upstream, hosts, port); err != nil {
+		in.cfg.Logf("secret injection for %s: %v", hostPort(hosts, port), err)
 	}
 }
 
-// Serve serves one connection of the session to host:port, which Binds
-// said is bound: client is the session's side (buffered what its proxy read
-// of it already), upstream a connection to the address the proxy allowed.
-// It returns when either side is done; both connections are closed then.
-func (in *Injector) Serve(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int) error {
+// tlsHandshake is the first byte a TLS client sends (a handshake record).
+const tlsHandshake = 0x16
+
+// Serve serves one connection of the session to port on the address that
+// hosts (the names the session may have meant, each one Binds said is
+// bound) lead to: client is the session's side (buffered what its proxy
+// read of it already), upstream a connection to the address the proxy
+// allowed. A connection that starts a TLS handshake is served as HTTPS to
+// the host its server name picks (the first host when it names none); any
+// other as plain HTTP, which only a host:port bound explicitly gets. It
+// returns when either side is done; both connections are closed then.
+func (in *Injector) Serve(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, hosts []string, port int) error {
 	defer client.Close()
 	defer upstream.Close()
-	if len(buffered) > 0 {
-		client = &prefixedConn{Conn: client, r: io.MultiReader(bytes.NewReader(buffered), client)}
+	if len(hosts) == 0 {
+		return errors.New("no host to serve")
 	}
-	leaf, err := in.ca.leaf(host)
+	br := bufio.NewReader(io.MultiReader(bytes.NewReader(buffered), client))
+	client.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	first, err := br.Peek(1)
+	client.SetReadDeadline(time.Time{})
 	if err != nil {
-		return err
+		return fmt.Errorf("the session sent nothing: %w", err)
 	}
-	var sni string
+	client = &prefixedConn{Conn: client, r: br}
+	if first[0] != tlsHandshake {
+		var plain []string
+		for _, h := range hosts {
+			if in.bindsPlain(h, port) {
+				plain = append(plain, h)
+			}
+		}
+		if len(plain) == 0 {
+			refuse(client, fmt.Sprintf("agentconnect: %s is bound for HTTPS only: plain HTTP is injected only for a host:port a secret names; nothing was sent to it", hostPort(hosts, port)))
+			return errors.New("refused plain HTTP to a host bound for HTTPS only")
+		}
+		return in.serve(ctx, client, upstream, plain, port, true)
+	}
+	var host string
 	tc := tls.Server(client, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
 		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-			sni = hello.ServerName
-			// The name the client checks must be the one the proxy let it
+			// The name the client checks must be one the proxy let it
 			// reach: a tunnel to one host may not ask for another's value.
-			if sni != "" && !strings.EqualFold(sni, host) {
-				return nil, fmt.Errorf("the TLS server name %q is not %s, which the connection was opened to", sni, host)
+			host = hosts[0]
+			if sni := hello.ServerName; sni != "" {
+				host = ""
+				for _, h := range hosts {
+					if strings.EqualFold(strings.TrimSuffix(sni, "."), h) {
+						host = h
+					}
+				}
+				if host == "" {
+					return nil, fmt.Errorf("the TLS server name %q is not %s, which the connection was opened to", sni, strings.Join(hosts, " or "))
+				}
 			}
-			return leaf, nil
+			return in.ca.leaf(host)
 		},
 	})
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
@@ -246,7 +292,15 @@ func (in *Injector) Serve(ctx context.Context, client net.Conn, buffered []byte,
 		refuse(tc, fmt.Sprintf("agentconnect: %s:%d did not prove who it is (%v): no secret was sent to it", host, port, err))
 		return fmt.Errorf("TLS upstream: %w", err)
 	}
-	return in.serve(ctx, tc, uc, host, port)
+	return in.serve(ctx, tc, uc, []string{host}, port, false)
+}
+
+// hostPort names a connection's destination in messages.
+func hostPort(hosts []string, port int) string {
+	if len(hosts) == 0 {
+		return fmt.Sprintf("port %d", port)
+	}
+	return net.JoinHostPort(strings.Join(hosts, " or "), strconv.Itoa(port))
 }
 
 // loopbackNames are the names a service on the host's loopback may have a
@@ -285,8 +339,9 @@ type prefixedConn struct {
 func (c *prefixedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // refuse answers the session's requests on c with a 502 that says why,
-// over HTTP/1.1 or HTTP/2, and closes c once one is answered.
-func refuse(c *tls.Conn, msg string) {
+// over HTTP/1.1 or HTTP/2 (on a *tls.Conn that negotiated it), and closes c
+// once one is answered.
+func refuse(c net.Conn, msg string) {
 	l := newOneConnListener(c)
 	var answered atomic.Bool
 	srv := &http.Server{

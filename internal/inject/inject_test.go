@@ -68,33 +68,13 @@ func session(t *testing.T, upstream *httptest.Server, roots *x509.CertPool, h2 b
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	done := make(chan error, 16)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", upstream.Listener.Addr().String())
-			if err != nil {
-				c.Close()
-				done <- err
-				continue
-			}
-			go func() { done <- in.Serve(context.Background(), c, nil, up, "example.com", 443) }()
-		}
-	}()
+	addr, done := proxyStandIn(t, in, upstream.Listener.Addr().String(), []string{"example.com"}, 443)
 	trusted := x509.NewCertPool()
 	if !trusted.AppendCertsFromPEM(in.CACertPEM()) {
 		t.Fatal("the session CA's PEM does not parse")
 	}
 	tr := &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", l.Addr().String()) },
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", addr) },
 		TLSClientConfig:   &tls.Config{RootCAs: trusted},
 		ForceAttemptHTTP2: h2,
 	}
@@ -102,7 +82,34 @@ func session(t *testing.T, upstream *httptest.Server, roots *x509.CertPool, h2 b
 		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 10 * time.Second}, in, done, l.Addr().String()
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}, in, done, addr
+}
+
+// proxyStandIn listens on loopback and serves each connection with Serve,
+// for hosts and port, dialled to upstream; Serve's results arrive on done.
+func proxyStandIn(t *testing.T, in *Injector, upstream string, hosts []string, port int) (addr string, done chan error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	done = make(chan error, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				done <- err
+				continue
+			}
+			go func() { done <- in.Serve(context.Background(), c, nil, up, hosts, port) }()
+		}
+	}()
+	return l.Addr().String(), done
 }
 
 func get(t *testing.T, c *http.Client, url string, header map[string]string) (*http.Response, string) {
@@ -136,8 +143,10 @@ func TestSwapsTowardTheBoundHostOnly(t *testing.T) {
 			up := echoHost(t)
 			other := Secret{Placeholder: otherPH, Value: otherValue, Hosts: []string{"github.com"}}
 			c, in, _, _ := session(t, up, nil, h2, anthropic, other)
-			if !in.Binds("example.com", 443) || in.Binds("example.org", 443) || !in.Binds("github.com", 22) {
-				t.Errorf("Binds: example.com %v, example.org %v, github.com:22 %v", in.Binds("example.com", 443), in.Binds("example.org", 443), in.Binds("github.com", 22))
+			// A host named without a port is bound on 443 only: SSH to it
+			// is no HTTPS.
+			if !in.Binds("example.com", 443) || in.Binds("example.org", 443) || !in.Binds("github.com", 443) || in.Binds("github.com", 22) {
+				t.Errorf("Binds: example.com %v, example.org %v, github.com %v, github.com:22 %v", in.Binds("example.com", 443), in.Binds("example.org", 443), in.Binds("github.com", 443), in.Binds("github.com", 22))
 			}
 			basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+placeholder))
 			resp, body := get(t, c, "https://example.com/", map[string]string{
@@ -336,5 +345,106 @@ func TestUpgradePasses(t *testing.T) {
 	got, _ := io.ReadAll(io.LimitReader(rw, 200))
 	if want := "echo hi\n" + placeholder + "\n"; string(got) != want {
 		t.Errorf("over the upgrade: %q, want %q", got, want)
+	}
+}
+
+// TestPlainHTTPOnlyWhereBoundExplicitly: plain HTTP to a host:port a secret
+// names is injected (and redacted back), keep-alive included; plain HTTP to
+// a host bound for HTTPS only is refused, and nothing reaches it.
+func TestPlainHTTPOnlyWhereBoundExplicitly(t *testing.T) {
+	got := make(chan http.Header, 4)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		w.Header().Set("X-Echo", r.Header.Get("X-Api-Key"))
+		io.WriteString(w, "saw "+r.Header.Get("X-Api-Key"))
+	}))
+	defer up.Close()
+	gateway := Secret{Placeholder: placeholder, Value: value, Hosts: []string{"gateway.test:8080", "example.com"}}
+	in, err := New(Config{Secrets: []Secret{gateway}, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Binds("gateway.test", 8080) || in.Binds("gateway.test", 80) || !in.bindsPlain("gateway.test", 8080) || in.bindsPlain("example.com", 443) {
+		t.Fatal("Binds or bindsPlain judge the explicit port wrong")
+	}
+	addr, _ := proxyStandIn(t, in, up.Listener.Addr().String(), []string{"gateway.test"}, 8080)
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", addr) }}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	for i := 0; i < 2; i++ { // the second on the same connection
+		resp, body := get(t, c, "http://gateway.test:8080/", map[string]string{"X-Api-Key": placeholder})
+		if h := <-got; h.Get("X-Api-Key") != value {
+			t.Errorf("request %d: the gateway got %q, want the value", i, h.Get("X-Api-Key"))
+		}
+		if resp.StatusCode != 200 || body != "saw "+placeholder || resp.Header.Get("X-Echo") != placeholder {
+			t.Errorf("request %d: %d %q X-Echo %q", i, resp.StatusCode, body, resp.Header.Get("X-Echo"))
+		}
+	}
+	resp, body := get(t, c, "http://other.test:8080/", map[string]string{"X-Api-Key": placeholder})
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("another Host on the gateway's connection: %d %s", resp.StatusCode, body)
+	}
+
+	addr, done := proxyStandIn(t, in, up.Listener.Addr().String(), []string{"example.com"}, 443)
+	resp, body = get(t, c, "http://"+addr+"/", map[string]string{"Host": "example.com:443", "X-Api-Key": placeholder})
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "bound for HTTPS only") {
+		t.Errorf("plain HTTP to a host bound for HTTPS: %d %q", resp.StatusCode, body)
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "plain HTTP") {
+		t.Errorf("Serve: %v", err)
+	}
+	select {
+	case <-got:
+		t.Error("plain HTTP to a host bound for HTTPS only reached it")
+	default:
+	}
+}
+
+// TestServerNamePicksAmongHosts: where an address stands for several bound
+// names (the VM's network knows only the address), the TLS server name
+// picks one of them, and only one of them.
+func TestServerNamePicksAmongHosts(t *testing.T) {
+	got := make(chan string, 2)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Host + " " + r.Header.Get("X-Api-Key") }))
+	up.StartTLS()
+	defer up.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(up.Certificate())
+	both := Secret{Placeholder: placeholder, Value: value, Hosts: []string{"example.org", "example.com"}}
+	in, err := New(Config{Secrets: []Secret{both}, RootCAs: roots, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, done := proxyStandIn(t, in, up.Listener.Addr().String(), []string{"example.org", "example.com"}, 443)
+	trusted := x509.NewCertPool()
+	trusted.AppendCertsFromPEM(in.CACertPEM())
+	tr := &http.Transport{
+		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", addr) },
+		TLSClientConfig: &tls.Config{RootCAs: trusted},
+	}
+	defer tr.CloseIdleConnections()
+	// The stand-in's upstream has a certificate for example.com only.
+	resp, body := get(t, &http.Client{Transport: tr, Timeout: 10 * time.Second}, "https://example.com/", map[string]string{"X-Api-Key": placeholder})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if h := <-got; h != "example.com "+value {
+		t.Errorf("the host got %q", h)
+	}
+	if _, err := tls.Dial("tcp", addr, &tls.Config{ServerName: "example.net", RootCAs: trusted}); err == nil {
+		t.Error("a server name none of the hosts has was served")
+	}
+	tr.CloseIdleConnections() // ends the first connection's Serve
+	var refused bool
+	for i := 0; i < 2; i++ {
+		if err := <-done; err != nil {
+			refused = strings.Contains(err.Error(), `"example.net" is not example.org or example.com`)
+			if !refused {
+				t.Errorf("Serve: %v", err)
+			}
+		}
+	}
+	if !refused {
+		t.Error("Serve did not refuse the other server name")
 	}
 }

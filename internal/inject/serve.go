@@ -28,38 +28,51 @@ const (
 // hopByHop are the headers of one connection, not of the request.
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// tunnel is one intercepted connection: the session's TLS side, the host's
-// TLS side, and a round tripper over the latter.
+// tunnel is one intercepted connection: the session's side, the host's
+// side, and a round tripper over the latter.
 type tunnel struct {
-	in   *Injector
-	host string
-	port int
-	rt   http.RoundTripper
-	h2up bool
-	conn *oneConnListener
+	in *Injector
+	// hosts are the names a request on it may give as its Host: over TLS
+	// the one its server name chose; over plain HTTP each name the session
+	// may have meant by the address (each bound explicitly).
+	hosts []string
+	port  int
+	plain bool
+	rt    http.RoundTripper
+	h2up  bool
+	conn  *oneConnListener
 }
 
-func (in *Injector) serve(ctx context.Context, client, upstream *tls.Conn, host string, port int) error {
+// serve forwards the requests on client to the host over upstream (both
+// TLS, or both plain when plain), until either side is done.
+func (in *Injector) serve(ctx context.Context, client, upstream net.Conn, hosts []string, port int, plain bool) error {
+	var h2up bool
+	if uc, ok := upstream.(*tls.Conn); ok {
+		h2up = uc.ConnectionState().NegotiatedProtocol == "h2"
+	}
 	// The tunnel's one connection to the host: the transport may not dial
 	// another, which the policy has not allowed.
 	var dialled atomic.Bool
-	tr := &http.Transport{
-		DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
-			if dialled.Swap(true) {
-				return nil, errors.New("the host closed the tunnel's connection")
-			}
-			return upstream, nil
-		},
-		ForceAttemptHTTP2:  true,
-		DisableCompression: true, // what comes back is decoded here, once
+	dial := func(context.Context, string, string) (net.Conn, error) {
+		if dialled.Swap(true) {
+			return nil, errors.New("the host closed the tunnel's connection")
+		}
+		return upstream, nil
 	}
-	cc, err := tr.NewClientConn(ctx, "https", net.JoinHostPort(host, strconv.Itoa(port)))
+	tr := &http.Transport{ForceAttemptHTTP2: true, DisableCompression: true} // what comes back is decoded here, once
+	scheme := "https"
+	if plain {
+		tr.DialContext, scheme = dial, "http"
+	} else {
+		tr.DialTLSContext = dial
+	}
+	cc, err := tr.NewClientConn(ctx, scheme, net.JoinHostPort(hosts[0], strconv.Itoa(port)))
 	if err != nil {
 		return fmt.Errorf("the host's side: %w", err)
 	}
 	defer cc.Close()
 	l := newOneConnListener(client)
-	t := &tunnel{in: in, host: host, port: port, rt: cc, h2up: upstream.ConnectionState().NegotiatedProtocol == "h2", conn: l}
+	t := &tunnel{in: in, hosts: hosts, port: port, plain: plain, rt: cc, h2up: h2up, conn: l}
 	srv := &http.Server{Handler: t, ReadHeaderTimeout: handshakeTimeout, IdleTimeout: idleTimeout, ConnState: l.connState}
 	srv.Serve(l)
 	l.wait() // a hijacked connection (an upgrade) is served until it ends
@@ -68,14 +81,19 @@ func (in *Injector) serve(ctx context.Context, client, upstream *tls.Conn, host 
 
 // ServeHTTP forwards one request of the session to the host.
 func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !t.sameHost(r.Host) {
-		t.in.cfg.Logf("secret injection for %s:%d: refused a request for %q on it", t.host, t.port, r.Host)
-		http.Error(w, fmt.Sprintf("agentconnect: this connection was opened to %s:%d; a request for %s cannot use it", t.host, t.port, r.Host), http.StatusMisdirectedRequest)
+	host, ok := t.sameHost(r.Host)
+	if !ok {
+		dest := hostPort(t.hosts, t.port)
+		t.in.cfg.Logf("secret injection for %s: refused a request for %q on it", dest, r.Host)
+		http.Error(w, fmt.Sprintf("agentconnect: this connection was opened to %s; a request for %s cannot use it", dest, r.Host), http.StatusMisdirectedRequest)
 		return
 	}
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host = "https", r.Host
+	if t.plain {
+		out.URL.Scheme = "http"
+	}
 	upgrade := r.Header.Get("Upgrade")
 	for _, h := range hopByHop {
 		out.Header.Del(h)
@@ -86,10 +104,10 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// An encoded answer could hide an echo of the value: ask for none.
 	out.Header.Del("Accept-Encoding")
-	pairs := t.in.pairs(t.in.swapRequest(out.Header, t.host, t.port))
+	pairs := t.in.pairs(t.in.swapRequest(out.Header, host, t.port, t.plain))
 	resp, err := t.rt.RoundTrip(out)
 	if err != nil {
-		http.Error(w, fmt.Sprintf("agentconnect: %s:%d: %v", t.host, t.port, err), http.StatusBadGateway)
+		http.Error(w, fmt.Sprintf("agentconnect: %s:%d: %v", host, t.port, err), http.StatusBadGateway)
 		return
 	}
 	defer resp.Body.Close()
@@ -104,14 +122,14 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "gzip":
 		zr, err := gzip.NewReader(resp.Body)
 		if err != nil {
-			http.Error(w, fmt.Sprintf("agentconnect: %s:%d sent a gzip body that does not decode: %v", t.host, t.port, err), http.StatusBadGateway)
+			http.Error(w, fmt.Sprintf("agentconnect: %s:%d sent a gzip body that does not decode: %v", host, t.port, err), http.StatusBadGateway)
 			return
 		}
 		body = zr
 		resp.Header.Del("Content-Encoding")
 	default:
 		// Fail closed: what cannot be read cannot be checked for the value.
-		http.Error(w, fmt.Sprintf("agentconnect: %s:%d answered in the %q encoding, which cannot be checked for the secret's value", t.host, t.port, enc), http.StatusBadGateway)
+		http.Error(w, fmt.Sprintf("agentconnect: %s:%d answered in the %q encoding, which cannot be checked for the secret's value", host, t.port, enc), http.StatusBadGateway)
 		return
 	}
 	redactHeader(resp.Header, pairs)
@@ -133,14 +151,26 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// sameHost reports whether a request's Host names the host and port the
-// connection was opened to.
-func (t *tunnel) sameHost(hostport string) bool {
+// sameHost reports which of the hosts the connection was opened to a
+// request's Host names, with the connection's port.
+func (t *tunnel) sameHost(hostport string) (string, bool) {
 	h, p, err := net.SplitHostPort(hostport)
 	if err != nil {
 		h, p = hostport, "443"
+		if t.plain {
+			p = "80"
+		}
 	}
-	return strings.EqualFold(strings.Trim(h, "[]"), t.host) && p == strconv.Itoa(t.port)
+	if p != strconv.Itoa(t.port) {
+		return "", false
+	}
+	h = strings.TrimSuffix(strings.Trim(h, "[]"), ".")
+	for _, host := range t.hosts {
+		if strings.EqualFold(h, host) {
+			return host, true
+		}
+	}
+	return "", false
 }
 
 // upgraded relays an upgraded connection (WebSocket) both ways; what the

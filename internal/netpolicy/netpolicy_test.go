@@ -523,3 +523,40 @@ func invalidateHostAddrs() {
 	hostAddrs.listed = time.Time{}
 	hostAddrs.mu.Unlock()
 }
+
+// TestBinding: a host without a port binds HTTPS on 443 only; a host:port
+// binds that port, plain HTTP included.
+func TestBinding(t *testing.T) {
+	b, err := NewBinding([]string{"api.example.com", "*.corp.example", "host.agentconnect.internal:8080", "[::1]:9000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		host       string
+		port       int
+		tls, plain bool
+	}{
+		{"api.example.com", 443, true, false},
+		{"API.example.com.", 443, true, false},
+		{"api.example.com", 80, false, false},
+		{"api.example.com", 22, false, false},
+		{"example.com", 443, false, false},
+		{"git.corp.example", 443, true, false},
+		{"corp.example", 443, false, false},
+		{"host.agentconnect.internal", 8080, true, true},
+		{"host.agentconnect.internal", 443, false, false},
+		{"::1", 9000, true, true},
+		{"[::1]", 9000, true, true},
+		{"not a name", 443, false, false},
+	} {
+		if got := b.TLS(c.host, c.port); got != c.tls {
+			t.Errorf("TLS(%s, %d) = %v", c.host, c.port, got)
+		}
+		if got := b.Plain(c.host, c.port); got != c.plain {
+			t.Errorf("Plain(%s, %d) = %v", c.host, c.port, got)
+		}
+	}
+	if _, err := NewBinding([]string{"https://x"}); err == nil {
+		t.Error("a URL as a host was accepted")
+	}
+}

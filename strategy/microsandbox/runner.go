@@ -44,10 +44,14 @@ const (
 // vmRun is the shim's side of one microsandbox run: the VM's devices on
 // the host, its network, and the connection to its guest agent.
 type vmRun struct {
-	cfg        microvm.Config
-	tools      microvm.Tools
-	network    *vmnet.Network
-	netL       net.Listener
+	cfg     microvm.Config
+	tools   microvm.Tools
+	network *vmnet.Network
+	netL    net.Listener
+	// inject puts the run's secrets on the wire, for a run with secrets;
+	// the guest trusts sessionCA, its CA.
+	inject     *shim.Injector
+	sessionCA  string
 	h          *shim.Host
 	violations *shim.Violations
 	// plan protects the writable shares; shares holds each share's binds
@@ -90,6 +94,13 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	}
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
 		return nil, shim.SandboxSetupError(err)
+	}
+	if len(h.Secrets()) > 0 {
+		in, caPEM, err := h.StartInjector(spec.Sandbox.TrustedCAPEM)
+		if err != nil {
+			return nil, shim.SandboxSetupError(err)
+		}
+		vm.inject, vm.sessionCA = in, string(caPEM)
 	}
 	if err := vm.startNetwork(); err != nil {
 		return nil, shim.SandboxSetupError(err)
@@ -160,7 +171,11 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	if err != nil {
 		return fail(err)
 	}
-	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: spec.Env, Cwd: spec.Workspace,
+	env := spec.Env
+	if vm.inject != nil {
+		env = session.MergeEnv(env, session.CAEnv())
+	}
+	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: env, Cwd: spec.Workspace,
 		Stdin: true, Stdout: true, Stderr: true}); err != nil {
 		stdin.Close()
 		stdout.Close()
@@ -207,12 +222,16 @@ func (vm *vmRun) startNetwork() error {
 		return fmt.Errorf("network policy: %w", err)
 	}
 	vm.violations = vm.h.Violations()
-	vm.network, err = vmnet.New(vmnet.Config{
+	cfg := vmnet.Config{
 		Policy:      policy,
 		Resolver:    netpolicy.Resolver(sb.Resolver),
 		OnViolation: vm.violations.Add,
 		Logf:        vm.h.Log().Debugf,
-	})
+	}
+	if vm.inject != nil {
+		cfg.Interceptor = vm.inject
+	}
+	vm.network, err = vmnet.New(cfg)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
@@ -395,10 +414,11 @@ func (vm *vmRun) connect(qemuExit <-chan syscall.WaitStatus) error {
 
 func (vm *vmRun) setupRequest() *vmagentv1.SetupRequest {
 	req := &vmagentv1.SetupRequest{
-		Root:    &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
-		Upper:   &vmagentv1.Disk{Serial: microvm.DiskUpper},
-		Docker:  &vmagentv1.Disk{Serial: microvm.DiskDocker},
-		Network: &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
+		Root:         &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
+		Upper:        &vmagentv1.Disk{Serial: microvm.DiskUpper},
+		Docker:       &vmagentv1.Disk{Serial: microvm.DiskDocker},
+		Network:      &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
+		SessionCaPem: vm.sessionCA,
 	}
 	for _, sh := range vm.cfg.Shares {
 		req.Shares = append(req.Shares, &vmagentv1.Share{Tag: sh.Tag, Target: sh.Target, Readonly: sh.ReadOnly})
@@ -522,6 +542,9 @@ func (vm *vmRun) stop() {
 	}
 	if vm.network != nil {
 		vm.network.Close()
+	}
+	if vm.inject != nil {
+		vm.inject.Stop()
 	}
 	for _, p := range vm.helpers {
 		vm.h.Signal(p, syscall.SIGKILL)

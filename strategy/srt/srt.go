@@ -53,7 +53,7 @@ type srtRun struct {
 	execErrR   *os.File
 	proxy      *proxy.Server
 	violations *shim.Violations
-	inject     *injector // for a run with secrets
+	inject     *shim.Injector // for a run with secrets
 
 	mu        sync.Mutex // guards the fields below
 	listeners []net.Listener
@@ -77,7 +77,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 				r.boundary.Release()
 			}
 			if r.inject != nil {
-				r.inject.stop(h)
+				r.inject.Stop()
 			}
 		}
 	}()
@@ -140,8 +140,8 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 	// the sandbox trusts.
 	var caFile *os.File
 	env := session.MergeEnv(spec.Env, sandbox.ProxyEnv())
-	if secrets := h.Secrets(); len(secrets) > 0 {
-		in, caPEM, err := startInjector(h, secrets, sb.TrustedCAPEM)
+	if len(h.Secrets()) > 0 {
+		in, caPEM, err := h.StartInjector(sb.TrustedCAPEM)
 		if err != nil {
 			return host.Launch{}, err
 		}
@@ -150,7 +150,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 			return host.Launch{}, fmt.Errorf("the sandbox's trust store: %w", err)
 		}
 		defer caFile.Close() // the boundary holds its own copy
-		env = session.MergeEnv(env, sandbox.CAEnv())
+		env = session.MergeEnv(env, session.CAEnv())
 	}
 	mounts := make([]sandbox.Mount, len(sb.Mounts))
 	for i, m := range sb.Mounts {
@@ -368,7 +368,7 @@ func (r *srtRun) Exit(code int) (int, string, bool) {
 // the run left for host tools in repositories it created.
 func (r *srtRun) Stop(h *shim.Host) {
 	if r.inject != nil {
-		r.inject.stop(h)
+		r.inject.Stop()
 	}
 	r.mu.Lock()
 	for _, l := range r.listeners {

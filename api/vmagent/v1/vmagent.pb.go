@@ -299,12 +299,17 @@ func (x *Network) GetHostname() string {
 }
 
 type SetupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Root          *Disk                  `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`     // the image's root filesystem (ext4), read-only
-	Upper         *Disk                  `protobuf:"bytes,2,opt,name=upper,proto3" json:"upper,omitempty"`   // writable: the overlay's upper layer (formatted by the host)
-	Docker        *Disk                  `protobuf:"bytes,3,opt,name=docker,proto3" json:"docker,omitempty"` // writable: mounted at /var/lib/docker
-	Shares        []*Share               `protobuf:"bytes,4,rep,name=shares,proto3" json:"shares,omitempty"`
-	Network       *Network               `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Root    *Disk                  `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`     // the image's root filesystem (ext4), read-only
+	Upper   *Disk                  `protobuf:"bytes,2,opt,name=upper,proto3" json:"upper,omitempty"`   // writable: the overlay's upper layer (formatted by the host)
+	Docker  *Disk                  `protobuf:"bytes,3,opt,name=docker,proto3" json:"docker,omitempty"` // writable: mounted at /var/lib/docker
+	Shares  []*Share               `protobuf:"bytes,4,rep,name=shares,proto3" json:"shares,omitempty"`
+	Network *Network               `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
+	// A CA certificate (PEM) the guest trusts besides its system store: the
+	// session CA its network intercepts the hosts of the session's secrets
+	// with. Written to /run/agentconnect/ca-bundle.pem with the system's
+	// certificates, and bound over the system bundle for this boot only.
+	SessionCaPem  string `protobuf:"bytes,6,opt,name=session_ca_pem,json=sessionCaPem,proto3" json:"session_ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +377,13 @@ func (x *SetupRequest) GetNetwork() *Network {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *SetupRequest) GetSessionCaPem() string {
+	if x != nil {
+		return x.SessionCaPem
+	}
+	return ""
 }
 
 type SetupResponse struct {
@@ -835,13 +847,14 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\aNetwork\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xa1\x02\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xc7\x02\n" +
 	"\fSetupRequest\x121\n" +
 	"\x04root\x18\x01 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x04root\x123\n" +
 	"\x05upper\x18\x02 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x05upper\x125\n" +
 	"\x06docker\x18\x03 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x06docker\x126\n" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
-	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\"\x0f\n" +
+	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12$\n" +
+	"\x0esession_ca_pem\x18\x06 \x01(\tR\fsessionCaPem\"\x0f\n" +
 	"\rSetupResponse\"\x9b\x01\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +

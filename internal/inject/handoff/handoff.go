@@ -20,7 +20,7 @@ import (
 // Config is what the shim writes on the inject process's stdin.
 type Config struct {
 	Secrets []Secret `json:"secrets"`
-	// RootCAsPEM, if set, verify the hosts instead of the system's store.
+	// RootCAsPEM, if set, verify the hosts besides the system's store.
 	RootCAsPEM string `json:"rootCAsPEM,omitempty"`
 }
 
@@ -37,12 +37,13 @@ type Ready struct {
 	CACertPEM string `json:"caCertPEM"`
 }
 
-// Tunnel is one message: where the tunnel goes and what the proxy read of
-// the client already.
+// Tunnel is one message: where the tunnel goes (the names the session may
+// have meant by its address, and its port) and what the proxy read of the
+// client already.
 type Tunnel struct {
-	Host     string `json:"host"`
-	Port     int    `json:"port"`
-	Buffered []byte `json:"buffered,omitempty"`
+	Hosts    []string `json:"hosts"`
+	Port     int      `json:"port"`
+	Buffered []byte   `json:"buffered,omitempty"`
 }
 
 // maxMessage bounds a message: the header and the proxy's read buffer.

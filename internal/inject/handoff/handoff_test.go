@@ -38,7 +38,7 @@ func TestATunnelCrosses(t *testing.T) {
 	defer f.Close()
 	clientFar, client := tcpPair(t)
 	upFar, up := tcpPair(t)
-	if err := s.Send(Tunnel{Host: "example.com", Port: 443, Buffered: []byte("hello")}, client, up); err != nil {
+	if err := s.Send(Tunnel{Hosts: []string{"example.com"}, Port: 443, Buffered: []byte("hello")}, client, up); err != nil {
 		t.Fatal(err)
 	}
 	client.Close()
@@ -47,7 +47,7 @@ func TestATunnelCrosses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tun.Host != "example.com" || tun.Port != 443 || string(tun.Buffered) != "hello" {
+	if len(tun.Hosts) != 1 || tun.Hosts[0] != "example.com" || tun.Port != 443 || string(tun.Buffered) != "hello" {
 		t.Errorf("tunnel %+v", tun)
 	}
 	go gotUp.Write([]byte("from up"))

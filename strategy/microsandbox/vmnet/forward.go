@@ -2,10 +2,14 @@ package vmnet
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -66,9 +70,57 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		host.Close()
 	})
 	defer stop()
+	if hosts := n.bound(dst, target.Addr(), port); len(hosts) > 0 {
+		// The interceptor takes connections with a descriptor, which the
+		// guest's (a gVisor endpoint) has not: it gets one end of a socket
+		// pair, and the guest's is spliced to the other.
+		var err error
+		var served <-chan struct{}
+		if host, served, err = n.intercept(host, hosts, port); err != nil {
+			n.logf("vmnet: tcp %s: %v", target, err)
+			guest.Close()
+			return
+		}
+		defer func() { <-served }()
+	}
 	if splice(guest, host, n.tcpIdle) {
 		n.logf("vmnet: tcp %s: closed after %v with no bytes either way", target, n.tcpIdle)
 	}
+}
+
+// intercept hands upstream to the Interceptor with one end of a socket
+// pair for the guest's side, and returns the other end; served is closed
+// once the Interceptor returned (it may serve the connection itself) and
+// the network's copies are closed.
+func (n *Network) intercept(upstream net.Conn, hosts []string, port int) (_ net.Conn, served <-chan struct{}, _ error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		upstream.Close()
+		return nil, nil, fmt.Errorf("a socket pair for the secret injection: %w", err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "intercepted")
+		conns[i], err = net.FileConn(f)
+		f.Close()
+		if err != nil {
+			if i == 1 {
+				conns[0].Close()
+			} else {
+				unix.Close(fds[1])
+			}
+			upstream.Close()
+			return nil, nil, fmt.Errorf("a socket pair for the secret injection: %w", err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.cfg.Interceptor.Intercept(n.ctx, conns[1], nil, upstream, hosts, port)
+		conns[1].Close()
+		upstream.Close()
+	}()
+	return conns[0], done, nil
 }
 
 // splice copies bytes both ways until both directions end, or until no byte

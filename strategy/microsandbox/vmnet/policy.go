@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,14 +52,8 @@ func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *netpolicy.Vi
 			Reason: fmt.Sprintf("%s is on the VM's own network %s, which has no other hosts", dst, Subnet)}
 	}
 
-	candidates := append(n.names.lookup(dst), addr.String())
-	if dst == hostAddr {
-		// 127.0.0.1 is how the host is named in policies: judge (and
-		// explain a refusal) by it first.
-		candidates = append([]string{addr.String()}, candidates[:len(candidates)-1]...)
-	}
 	var refused *netpolicy.Violation
-	for _, host := range candidates {
+	for _, host := range n.candidates(dst, addr) {
 		d := n.cfg.Policy.CheckName(host, port)
 		if d.Allow {
 			d = n.cfg.Policy.CheckAddr(host, addr, port)
@@ -71,6 +66,37 @@ func (n *Network) judge(dst netip.Addr, port int) (netip.AddrPort, *netpolicy.Vi
 		}
 	}
 	return netip.AddrPort{}, refused
+}
+
+// candidates are the names the guest may have meant by dst (dialled at
+// addr), as judge uses them.
+func (n *Network) candidates(dst, addr netip.Addr) []string {
+	candidates := append(n.names.lookup(dst), addr.String())
+	if dst == hostAddr {
+		// 127.0.0.1 is how the host is named in policies: judge (and
+		// explain a refusal) by it first.
+		candidates = append([]string{addr.String()}, candidates[:len(candidates)-1]...)
+	}
+	return candidates
+}
+
+// bound are the candidates for dst:port (dialled at addr) that a secret is
+// bound to; HostIP is HostName, whether the guest resolved it or not.
+func (n *Network) bound(dst, addr netip.Addr, port int) []string {
+	if n.cfg.Interceptor == nil {
+		return nil
+	}
+	names := n.candidates(dst, addr)
+	if dst == hostAddr {
+		names = append(names, HostName)
+	}
+	var hosts []string
+	for _, h := range names {
+		if n.cfg.Interceptor.Binds(h, port) && !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 // nameCache remembers which names this network's DNS resolved to which

@@ -135,6 +135,21 @@ type Config struct {
 	// UDPIdleTimeout ends a UDP flow with no datagram either way for that
 	// long, which frees its slot; 0 means 60 s.
 	UDPIdleTimeout time.Duration
+	// Interceptor, if set, serves the allowed TCP connections to the
+	// hosts it binds (the hosts of the session's secrets); every other
+	// connection is relayed untouched.
+	Interceptor Interceptor
+}
+
+// Interceptor serves connections to the hosts it binds.
+type Interceptor interface {
+	Binds(host string, port int) bool
+	// Intercept serves one connection to port of the address hosts (the
+	// bound names the guest may have meant by it) lead to. client is the
+	// guest's side, as a connection with a file descriptor; upstream is
+	// dialled. It returns when the connection is served or handed on; the
+	// network closes its copies of both then.
+	Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, hosts []string, port int)
 }
 
 // Network is one VM's network. Its methods are safe for concurrent use.

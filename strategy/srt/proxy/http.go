@@ -356,6 +356,13 @@ func (s *Server) handleForward(ctx context.Context, set *connSet, cc *clientConn
 	}
 	defer set.remove(up)
 	defer up.Close()
+	if s.Interceptor != nil && s.Interceptor.Binds(u.Hostname(), port) {
+		// A host:port a secret is bound to, over plain HTTP: the request
+		// goes to the Interceptor as the origin would see it, one per
+		// connection as every forwarded request.
+		s.intercept(ctx, cc, up, outgoingHead(req, u.Host), u.Hostname(), port)
+		return
+	}
 	// The exchange goes through watched connections (the client's reads
 	// too, beneath its buffer), so that it ends when it stalls.
 	w := idle.Start(s.idleTimeout(), cc.Conn, up)

@@ -104,29 +104,37 @@ type Server struct {
 // Interceptor serves tunnels to the hosts it binds.
 type Interceptor interface {
 	Binds(host string, port int) bool
-	// Intercept serves one tunnel: buffered is what the client sent after
-	// its request and the proxy has read already. It returns when the
-	// tunnel is served or handed on; the proxy closes both connections then.
-	Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, host string, port int)
+	// Intercept serves one tunnel to host:port (hosts is that one host):
+	// buffered is what the client sent after its request and the proxy has
+	// read already. It returns when the tunnel is served or handed on; the
+	// proxy closes both connections then.
+	Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, hosts []string, port int)
 }
 
 // relay serves an established tunnel: intercepted when a secret is bound
 // to its destination, else copied both ways.
 func (s *Server) relay(ctx context.Context, cc *clientConn, up net.Conn, proto, host string, port int) {
 	if s.Interceptor != nil && s.Interceptor.Binds(host, port) {
-		cc.lr.N = 1<<63 - 1
-		cc.SetDeadline(time.Time{})
-		var buffered []byte
-		if n := cc.br.Buffered(); n > 0 {
-			b, _ := cc.br.Peek(n)
-			buffered = append([]byte(nil), b...)
-		}
-		s.Interceptor.Intercept(ctx, cc.Conn, buffered, up, host, port)
+		s.intercept(ctx, cc, up, nil, host, port)
 		return
 	}
 	if tunnel(cc, up, s.idleTimeout()) {
 		s.logIdle(proto, host, port)
 	}
+}
+
+// intercept hands the client's connection to the Interceptor, with what the
+// client sent as the destination should see it first: head (a forwarded
+// request's, rewritten), then what the proxy has read beyond.
+func (s *Server) intercept(ctx context.Context, cc *clientConn, up net.Conn, head []byte, host string, port int) {
+	cc.lr.N = 1<<63 - 1
+	cc.SetDeadline(time.Time{})
+	buffered := append([]byte(nil), head...)
+	if n := cc.br.Buffered(); n > 0 {
+		b, _ := cc.br.Peek(n)
+		buffered = append(buffered, b...)
+	}
+	s.Interceptor.Intercept(ctx, cc.Conn, buffered, up, []string{host}, port)
 }
 
 // refusedError is a policy refusal.

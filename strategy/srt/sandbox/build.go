@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
@@ -140,7 +141,7 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	b.hideCredentials(cfg)
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
 	if cfg.CABundle != nil {
-		b.add("--ro-bind-fd", b.fd(dup(cfg.CABundle)), CABundlePath)
+		b.add("--ro-bind-fd", b.fd(dup(cfg.CABundle)), session.CABundlePath)
 	}
 	for _, d := range b.readOnlyLater {
 		b.add("--remount-ro", d)

@@ -46,19 +46,6 @@ func ProxyEnv() []string {
 	return env
 }
 
-// CABundlePath is where a session with secrets finds its trust store: the
-// system's certificates and the session CA's (see CAEnv).
-const CABundlePath = "/run/agentconnect/ca-bundle.pem"
-
-// CAEnv points the usual tools' trust variables at CABundlePath.
-func CAEnv() []string {
-	var env []string
-	for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
-		env = append(env, k+"="+CABundlePath)
-	}
-	return env
-}
-
 // ShimPath is where the shim binary is bound inside the sandbox, to run
 // sandbox-exec.
 const ShimPath = "/run/agentconnect/agentconnect-shim"
@@ -100,7 +87,7 @@ type Config struct {
 	// Ledger is the daemon's record of running boundaries and their
 	// placeholders (see package protect).
 	Ledger string
-	// CABundle, if set, is bound read-only at CABundlePath.
+	// CABundle, if set, is bound read-only at session.CABundlePath.
 	CABundle *os.File
 }
 
