@@ -49,7 +49,13 @@ func (h *Host) StartInjector(trustedPEM string) (_ *Injector, caPEM []byte, retE
 			return nil, nil, fmt.Errorf("secret hosts: %w", err)
 		}
 		in.hosts = append(in.hosts, b)
-		cfg.Secrets = append(cfg.Secrets, handoff.Secret{Placeholder: s.Placeholder, Value: s.Value, Hosts: s.Hosts, Headers: s.Headers})
+		tb, err := netpolicy.NewBinding(s.TokenHosts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("secret token hosts: %w", err)
+		}
+		in.hosts = append(in.hosts, tb)
+		cfg.Secrets = append(cfg.Secrets, handoff.Secret{Placeholder: s.Placeholder, Value: s.Value, Hosts: s.Hosts, Headers: s.Headers,
+			TokenHosts: s.TokenHosts, TokenField: s.TokenField})
 	}
 	if len(cfg.Secrets) == 0 {
 		return nil, nil, errors.New("an injector for a run without secrets")
@@ -121,6 +127,7 @@ func (h *Host) StartInjector(trustedPEM string) (_ *Injector, caPEM []byte, retE
 			in.Stop()
 		}
 	}()
+	go sender.ReadUpdates(func(u handoff.Update) { h.s.renew(u.Placeholder, u.Value) })
 	go func() {
 		sc := bufio.NewScanner(stderrR)
 		for sc.Scan() {

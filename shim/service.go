@@ -50,6 +50,13 @@ type service struct {
 	// memory only.
 	secrets []*shimv1.Secret
 
+	renewMu sync.Mutex // guards the fields below
+	// renewed are the secrets renewed by their token endpoints during the
+	// run, by name: their latest values, for SecretUpdates.
+	renewed    map[string]string
+	renewGen   uint64
+	renewAgain chan struct{} // closed (and replaced) at each renewal
+
 	mu          sync.Mutex // guards the fields below
 	status      shimv1.Status
 	run         Run // once the runtime runs
@@ -66,14 +73,68 @@ type service struct {
 func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry, runners map[strategy.Name]Runner) *service {
 	return &service{
 		rec: rec, dir: dir, out: out, log: log, runners: runners,
-		cg:        cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
-		reaper:    newReaper(),
-		exited:    make(chan struct{}),
-		cleanedUp: make(chan struct{}),
-		shutdown:  make(chan struct{}),
-		status:    shimv1.Status_CREATED,
-		outFull:   make(chan struct{}),
+		cg:         cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
+		reaper:     newReaper(),
+		exited:     make(chan struct{}),
+		cleanedUp:  make(chan struct{}),
+		shutdown:   make(chan struct{}),
+		status:     shimv1.Status_CREATED,
+		outFull:    make(chan struct{}),
+		renewed:    map[string]string{},
+		renewAgain: make(chan struct{}),
 	}
+}
+
+// renew records a secret's value renewed by its token endpoint, by the
+// run's placeholder for it.
+func (s *service) renew(placeholder, value string) {
+	for _, sec := range s.secrets {
+		if sec.Placeholder != placeholder || sec.Name == "" {
+			continue
+		}
+		s.renewMu.Lock()
+		s.renewed[sec.Name] = value
+		s.renewGen++
+		close(s.renewAgain)
+		s.renewAgain = make(chan struct{})
+		s.renewMu.Unlock()
+		s.log.WithField("secret", sec.Name).Info("secret renewed by its token endpoint")
+	}
+}
+
+// SecretUpdates answers with the renewed secrets once there are renewals
+// past req.After, the run has ended, or the call's deadline is near.
+func (s *service) SecretUpdates(ctx context.Context, req *shimv1.SecretUpdatesRequest) (*shimv1.SecretUpdatesResponse, error) {
+	for {
+		s.renewMu.Lock()
+		gen, again := s.renewGen, s.renewAgain
+		s.renewMu.Unlock()
+		ended := false
+		select {
+		case <-s.exited:
+			ended = true
+		default:
+		}
+		if gen > req.After || ended {
+			return s.renewals(ended), nil
+		}
+		select {
+		case <-again:
+		case <-s.exited:
+		case <-ctx.Done():
+			return s.renewals(false), nil
+		}
+	}
+}
+
+func (s *service) renewals(ended bool) *shimv1.SecretUpdatesResponse {
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
+	resp := &shimv1.SecretUpdatesResponse{Generation: s.renewGen, Ended: ended}
+	for name, v := range s.renewed {
+		resp.Updates = append(resp.Updates, &shimv1.SecretUpdate{Name: name, Value: v})
+	}
+	return resp
 }
 
 func (s *service) Handshake(_ context.Context, req *shimv1.HandshakeRequest) (*shimv1.HandshakeResponse, error) {

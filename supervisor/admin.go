@@ -101,6 +101,7 @@ func (a *adminService) DeleteAgent(_ context.Context, req *adminv1.DeleteAgentRe
 func (a *adminService) SetSecret(_ context.Context, req *adminv1.SetSecretRequest) (*adminv1.Secret, error) {
 	sec, err := a.s.setSecret(secret.Secret{
 		Name: req.Name, Value: secret.Value(req.Value), Hosts: req.Hosts, Headers: req.Headers, Preset: req.Preset,
+		TokenHosts: req.TokenHosts, TokenField: req.TokenField,
 	})
 	if err != nil {
 		return nil, rpcstatus.ToStatus(err)
@@ -129,6 +130,7 @@ func secretToProto(sec secret.Secret, agents []string) *adminv1.Secret {
 	return &adminv1.Secret{
 		Name: sec.Name, Hosts: sec.Hosts, Headers: sec.Headers, Preset: sec.Preset, Agents: agents,
 		CreatedAt: timestamppb.New(sec.CreatedAt), UpdatedAt: timestamppb.New(sec.UpdatedAt),
+		TokenHosts: sec.TokenHosts, TokenField: sec.TokenField,
 	}
 }
 
@@ -293,6 +295,9 @@ func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
 		p.Secrets = append(p.Secrets, &adminv1.SecretBinding{Env: b.Env, Secret: b.Secret})
 	}
 	p.AllowCredentials = ag.AllowCredentials
+	if l := ag.Login; l != nil {
+		p.Login = &adminv1.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
+	}
 	p.Offered, p.NotOffered = a.s.offered(ag)
 	return p
 }
@@ -313,6 +318,9 @@ func agentFromProto(p *adminv1.Agent) agent.Agent {
 		ag.Secrets = append(ag.Secrets, agent.SecretBinding{Env: b.Env, Secret: b.Secret})
 	}
 	ag.AllowCredentials = p.AllowCredentials
+	if l := p.Login; l != nil {
+		ag.Login = &agent.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
+	}
 	return ag
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -137,6 +138,11 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 	recorded, private, err := s.secretEnv(a)
 	if err != nil {
 		return session.Spec{}, runSecrets{}, err
+	}
+	if a.Login != nil {
+		if err := writeLogin(spec.Home, a.Login, private.login); err != nil {
+			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
+		}
 	}
 	spec.Env = session.MergeEnv(runtimeEnv(a.Env, spec.Home, spec.Tmp), recorded)
 	if a.Strategy == strategy.SRT {
@@ -311,7 +317,9 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 		os.Remove(socket)
 		return err
 	}
-	if (len(private.env) > 0 || len(private.bindings) > 0) && conn.apiVersion < shimv1.PrivateEnvAPIVersion {
+	renewed := slices.ContainsFunc(private.bindings, func(b *shimv1.Secret) bool { return b.TokenField != "" })
+	if (len(private.env) > 0 || len(private.bindings) > 0) && conn.apiVersion < shimv1.PrivateEnvAPIVersion ||
+		renewed && conn.apiVersion < shimv1.RenewAPIVersion {
 		conn.close()
 		s.stopShim(boot)
 		os.Remove(socket)
@@ -399,8 +407,16 @@ func (s *Supervisor) monitor(ss *sessionState, conn *shimConn, run uint32) {
 	if ss.record().Spec.Sandbox != nil {
 		violations = s.followViolations(ss)
 	}
+	renewals := s.followRenewals(ss, conn)
 	resp, err := conn.shim.Wait(s.ctx, &shimv1.WaitRequest{})
 	violations.finish() // the run's last refusals, before its exit is told
+	if err == nil {
+		// The run's last renewals are stored before its end is told.
+		select {
+		case <-renewals:
+		case <-time.After(callTimeout):
+		}
+	}
 	if s.ctx.Err() != nil {
 		return // the supervisor is stopping; the shim carries on
 	}

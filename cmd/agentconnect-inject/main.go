@@ -47,7 +47,15 @@ func run() error {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return errors.New("the config on stdin is not JSON") // the decoder's message could quote a value
 	}
-	icfg := inject.Config{Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }}
+	icfg := inject.Config{
+		Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) },
+		// A renewed token goes to the shim, which keeps it for the store.
+		OnUpdate: func(placeholder, value string) {
+			if err := handoff.SendUpdate(handoffFD, handoff.Update{Placeholder: placeholder, Value: value}); err != nil {
+				fmt.Fprintf(os.Stderr, "a renewed secret could not reach the shim: %v\n", err)
+			}
+		},
+	}
 	if cfg.RootCAsPEM != "" {
 		// Besides the system's store, not instead of it.
 		if icfg.RootCAs, err = x509.SystemCertPool(); err != nil {

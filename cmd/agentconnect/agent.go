@@ -22,7 +22,7 @@ func newAgentCommand(g *globals) *cobra.Command {
 		Short: "Define, list, change and remove agents",
 	}
 	cmd.AddCommand(newAgentCreateCommand(g), newAgentListCommand(g), newAgentShowCommand(g),
-		newAgentEditCommand(g), newAgentRemoveCommand(g))
+		newAgentEditCommand(g), newAgentRemoveCommand(g), newAgentLoginCommand(g))
 	return cmd
 }
 
@@ -345,6 +345,14 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 			where = "the real value: host has no boundary"
 		}
 		fmt.Fprintf(w, "secret:     %s from %s (%s)\n", b.Env, b.Secret, where)
+	}
+	if l := a.Login; l != nil {
+		where := "placeholders inside the boundary; the real tokens only on the wire, renewed through the proxy"
+		if a.Strategy == "host" {
+			where = "the real tokens: host has no boundary"
+		}
+		fmt.Fprintf(w, "login:      %s, ~/%s from %s (%s)\n", l.Runtime, l.File,
+			strings.Join((&agent.Login{Template: l.Template}).LoginSecrets(), ", "), where)
 	}
 	if len(a.AllowCredentials) > 0 {
 		fmt.Fprintf(w, "credentials: %s shown where a mount holds them (every other one is absent inside)\n", strings.Join(a.AllowCredentials, ", "))

@@ -31,9 +31,9 @@ to the secret's hosts carry the real value.`,
 
 func newSecretSetCommand(g *globals) *cobra.Command {
 	var (
-		hosts, headers   []string
-		preset, fromFile string
-		asJSON           bool
+		hosts, headers, tokenHosts   []string
+		preset, fromFile, tokenField string
+		asJSON                       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "set NAME --host HOST[:PORT]... [--header HEADER]... [--preset P] [--from-file F]",
@@ -52,11 +52,12 @@ Presets name a service's usual hosts and headers: ` + strings.Join(secret.Preset
 			if err != nil {
 				return err
 			}
-			req := &adminv1.SetSecretRequest{Name: args[0], Value: value, Hosts: hosts, Headers: headers, Preset: preset}
+			req := &adminv1.SetSecretRequest{Name: args[0], Value: value, Hosts: hosts, Headers: headers, Preset: preset,
+				TokenHosts: tokenHosts, TokenField: tokenField}
 			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, c adminv1.AdminClient) (*adminv1.Secret, error) {
 				return c.SetSecret(ctx, req)
 			}, func(s *adminv1.Secret) any { return secretView(s) }, func(w io.Writer, s *adminv1.Secret) {
-				fmt.Fprintf(w, "secret %s: for %s\n", s.Name, strings.Join(s.Hosts, ", "))
+				fmt.Fprintf(w, "secret %s: for %s\n", s.Name, strings.Join(append(s.Hosts, s.TokenHosts...), ", "))
 			})
 		},
 	}
@@ -64,6 +65,8 @@ Presets name a service's usual hosts and headers: ` + strings.Join(secret.Preset
 	cmd.Flags().StringArrayVar(&headers, "header", nil, "a request header the value may travel in (default: any; repeatable)")
 	cmd.Flags().StringVar(&preset, "preset", "", "a service's usual hosts and headers: "+strings.Join(secret.PresetNames(), ", "))
 	cmd.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file instead of stdin")
+	cmd.Flags().StringArrayVar(&tokenHosts, "token-host", nil, "an OAuth token endpoint's host that renews the value: the placeholder goes to it in request bodies too (repeatable; with --token-field)")
+	cmd.Flags().StringVar(&tokenField, "token-field", "", "the field of the token endpoint's answer that holds the next value: "+strings.Join(secret.TokenFields, ", "))
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the secret (never its value) as JSON")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
 // The JSON views: camelCase keys, every field present, integers as numbers,
@@ -70,15 +71,23 @@ type agentJSON struct {
 	Env              []string      `json:"env"`
 	Secrets          []bindingJSON `json:"secrets"`
 	AllowCredentials []string      `json:"allowCredentials"`
-	Workspace        string        `json:"workspace"`
-	SharedWorkspace  string        `json:"sharedWorkspace"`
-	Mounts           []mountJSON   `json:"mounts"`
-	AllowedDomains   []string      `json:"allowedDomains"`
-	DeniedDomains    []string      `json:"deniedDomains"`
-	NestedSandbox    bool          `json:"nestedSandbox"`
-	Resources        resourcesJSON `json:"resources"`
-	CreatedAt        string        `json:"createdAt"`
-	Dir              string        `json:"dir"`
+	// Login is the runtime's login (agent login), null without one.
+	Login           *loginJSON    `json:"login"`
+	Workspace       string        `json:"workspace"`
+	SharedWorkspace string        `json:"sharedWorkspace"`
+	Mounts          []mountJSON   `json:"mounts"`
+	AllowedDomains  []string      `json:"allowedDomains"`
+	DeniedDomains   []string      `json:"deniedDomains"`
+	NestedSandbox   bool          `json:"nestedSandbox"`
+	Resources       resourcesJSON `json:"resources"`
+	CreatedAt       string        `json:"createdAt"`
+	Dir             string        `json:"dir"`
+}
+
+type loginJSON struct {
+	Runtime string   `json:"runtime"`
+	File    string   `json:"file"`
+	Secrets []string `json:"secrets"`
 }
 
 type bindingJSON struct {
@@ -87,18 +96,22 @@ type bindingJSON struct {
 }
 
 type secretJSON struct {
-	Name      string   `json:"name"`
-	Hosts     []string `json:"hosts"`
-	Headers   []string `json:"headers"`
-	Preset    string   `json:"preset"`
-	Agents    []string `json:"agents"`
-	CreatedAt string   `json:"createdAt"`
-	UpdatedAt string   `json:"updatedAt"`
+	Name    string   `json:"name"`
+	Hosts   []string `json:"hosts"`
+	Headers []string `json:"headers"`
+	Preset  string   `json:"preset"`
+	Agents  []string `json:"agents"`
+	// TokenHosts and TokenField renew the value (an OAuth token endpoint).
+	TokenHosts []string `json:"tokenHosts"`
+	TokenField string   `json:"tokenField"`
+	CreatedAt  string   `json:"createdAt"`
+	UpdatedAt  string   `json:"updatedAt"`
 }
 
 func secretView(s *adminv1.Secret) secretJSON {
 	return secretJSON{
 		Name: s.Name, Hosts: list(s.Hosts), Headers: list(s.Headers), Preset: s.Preset, Agents: list(s.Agents),
+		TokenHosts: list(s.TokenHosts), TokenField: s.TokenField,
 		CreatedAt: timeString(s.CreatedAt), UpdatedAt: timeString(s.UpdatedAt),
 	}
 }
@@ -198,6 +211,9 @@ func agentView(a *adminv1.Agent) agentJSON {
 	}
 	for _, b := range a.Secrets {
 		v.Secrets = append(v.Secrets, bindingJSON{Env: b.Env, Secret: b.Secret})
+	}
+	if l := a.Login; l != nil {
+		v.Login = &loginJSON{Runtime: l.Runtime, File: l.File, Secrets: list((&agent.Login{Template: l.Template}).LoginSecrets())}
 	}
 	for _, m := range a.Mounts {
 		v.Mounts = append(v.Mounts, mountJSON{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})

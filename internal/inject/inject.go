@@ -23,8 +23,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +44,14 @@ type Secret struct {
 	// Headers are the request headers (lower case) the value may be put
 	// in; none means any.
 	Headers []string
+	// TokenHosts are where the value is renewed: an OAuth token endpoint.
+	// In requests to them the placeholder is swapped in the body too (a
+	// refresh token travels there), and the string field TokenField
+	// ("access_token", "refresh_token", "id_token") of their JSON answers
+	// is the value's next version: it replaces the value, goes to
+	// Config.OnUpdate, and reaches the session as the placeholder.
+	TokenHosts []string
+	TokenField string
 }
 
 // Config is an injector's secrets and trust.
@@ -52,18 +62,25 @@ type Config struct {
 	// Logf reports what was refused, naming hosts and secrets by their
 	// placeholders' hosts, never values.
 	Logf func(format string, args ...any)
+	// OnUpdate, if set, is given each renewed value, by its placeholder.
+	OnUpdate func(placeholder, value string)
 }
 
 // Injector intercepts one session's connections to bound hosts.
 type Injector struct {
 	cfg     Config
 	ca      *ca
-	secrets []boundSecret
+	secrets []*boundSecret
+
+	mu sync.Mutex // guards the values of secrets (renewed) and their past values
 }
 
 type boundSecret struct {
 	Secret
-	hosts *netpolicy.Binding
+	hosts, tokenHosts *netpolicy.Binding
+	// past are the values the secret had before: their echoes are
+	// redacted too.
+	past []string
 }
 
 // New makes the session's CA and checks the secrets.
@@ -71,15 +88,22 @@ func New(cfg Config) (*Injector, error) {
 	in := &Injector{cfg: cfg}
 	var hosts []string
 	for _, s := range cfg.Secrets {
-		if s.Placeholder == "" || s.Value == "" || len(s.Hosts) == 0 {
+		if s.Placeholder == "" || s.Value == "" || len(s.Hosts)+len(s.TokenHosts) == 0 {
 			return nil, errors.New("inject: a secret needs a placeholder, a value and a host")
+		}
+		if (s.TokenField == "") != (len(s.TokenHosts) == 0) || s.TokenField != "" && !slices.Contains(tokenFields, s.TokenField) {
+			return nil, fmt.Errorf("inject: a renewed secret needs token hosts and one of the token fields %s", strings.Join(tokenFields, ", "))
 		}
 		p, err := netpolicy.NewBinding(s.Hosts)
 		if err != nil {
 			return nil, fmt.Errorf("inject: %w", err)
 		}
-		in.secrets = append(in.secrets, boundSecret{Secret: s, hosts: p})
-		for _, h := range s.Hosts {
+		tp, err := netpolicy.NewBinding(s.TokenHosts)
+		if err != nil {
+			return nil, fmt.Errorf("inject: %w", err)
+		}
+		in.secrets = append(in.secrets, &boundSecret{Secret: s, hosts: p, tokenHosts: tp})
+		for _, h := range append(slices.Clone(s.Hosts), s.TokenHosts...) {
 			host := h
 			if hh, _, err := net.SplitHostPort(h); err == nil {
 				host = hh
@@ -89,6 +113,9 @@ func New(cfg Config) (*Injector, error) {
 	}
 	if in.cfg.Logf == nil {
 		in.cfg.Logf = func(string, ...any) {}
+	}
+	if in.cfg.OnUpdate == nil {
+		in.cfg.OnUpdate = func(string, string) {}
 	}
 	ca, err := newCA(hosts)
 	if err != nil {
@@ -107,7 +134,7 @@ func (in *Injector) CACertPEM() []byte { return in.ca.pem }
 // Intercept and tunnels every other one untouched.
 func (in *Injector) Binds(host string, port int) bool {
 	for _, s := range in.secrets {
-		if s.hosts.TLS(host, port) {
+		if s.hosts.TLS(host, port) || s.tokenHosts.TLS(host, port) {
 			return true
 		}
 	}
@@ -117,11 +144,29 @@ func (in *Injector) Binds(host string, port int) bool {
 // bindsPlain reports whether plain HTTP to host:port is bound.
 func (in *Injector) bindsPlain(host string, port int) bool {
 	for _, s := range in.secrets {
-		if s.hosts.Plain(host, port) {
+		if s.hosts.Plain(host, port) || s.tokenHosts.Plain(host, port) {
 			return true
 		}
 	}
 	return false
+}
+
+// renewedAt are the secrets whose token hosts include host:port.
+func (in *Injector) renewedAt(host string, port int, plain bool) []*boundSecret {
+	var at []*boundSecret
+	for _, s := range in.secrets {
+		if plain && s.tokenHosts.Plain(host, port) || !plain && s.tokenHosts.TLS(host, port) {
+			at = append(at, s)
+		}
+	}
+	return at
+}
+
+// value is s's value now.
+func (in *Injector) value(s *boundSecret) string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return s.Value
 }
 
 // swapRequest puts the values of the secrets bound to host:port in h, in
@@ -136,13 +181,14 @@ func (in *Injector) swapRequest(h http.Header, host string, port int, plain bool
 		if bound := s.hosts.TLS(host, port); plain && !s.hosts.Plain(host, port) || !bound {
 			continue
 		}
+		value := in.value(s)
 		for name, values := range h {
 			if len(s.Headers) > 0 && !containsFold(s.Headers, name) {
 				continue
 			}
 			for i, v := range values {
-				swapped := swapValue(v, s.Placeholder, s.Value)
-				if _, cred, ok := strings.Cut(swapped, " "); ok && swapped != strings.ReplaceAll(v, s.Placeholder, s.Value) {
+				swapped := swapValue(v, s.Placeholder, value)
+				if _, cred, ok := strings.Cut(swapped, " "); ok && swapped != strings.ReplaceAll(v, s.Placeholder, value) {
 					_, inside, _ := strings.Cut(v, " ")
 					made = append(made, [2][]byte{[]byte(cred), []byte(strings.TrimSpace(inside))})
 				}
@@ -172,9 +218,13 @@ func swapValue(v, old, new string) string {
 // value for its placeholder, and the encoded credentials made from them.
 func (in *Injector) pairs(made [][2][]byte) [][2][]byte {
 	var p [][2][]byte
+	in.mu.Lock()
 	for _, s := range in.secrets {
-		p = append(p, [2][]byte{[]byte(s.Value), []byte(s.Placeholder)})
+		for _, v := range append([]string{s.Value}, s.past...) {
+			p = append(p, [2][]byte{[]byte(v), []byte(s.Placeholder)})
+		}
 	}
+	in.mu.Unlock()
 	return append(p, made...)
 }
 

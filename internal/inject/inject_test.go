@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -446,5 +448,101 @@ func TestServerNamePicksAmongHosts(t *testing.T) {
 	}
 	if !refused {
 		t.Error("Serve did not refuse the other server name")
+	}
+}
+
+// TestRenewal: a refresh grant carries the refresh token's placeholder in
+// its body, which the token endpoint receives as the value; the new tokens
+// of its answer become the secrets' values (reported by OnUpdate) and reach
+// the session as the placeholders, so the next refresh and the API calls
+// work with what the session holds, several times over.
+func TestRenewal(t *testing.T) {
+	var mu sync.Mutex
+	access, refresh, n := "real-access-0", "real-refresh-0", 0
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case "/token":
+			var grant struct {
+				RefreshToken string `json:"refresh_token"`
+			}
+			json.NewDecoder(r.Body).Decode(&grant)
+			if grant.RefreshToken != refresh {
+				http.Error(w, `{"error":"invalid_grant"}`, 400)
+				return
+			}
+			n++
+			access, refresh = fmt.Sprintf("real-access-%d", n), fmt.Sprintf("real-refresh-%d", n)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"access_token":%q,"refresh_token":%q,"expires_in":2,"token_type":"Bearer"}`, access, refresh)
+		default:
+			if r.Header.Get("Authorization") != "Bearer "+access {
+				http.Error(w, "bad token "+r.Header.Get("Authorization"), http.StatusUnauthorized)
+				return
+			}
+			io.WriteString(w, "hello "+access)
+		}
+	}))
+	up.StartTLS()
+	defer up.Close()
+	const accessPH, refreshPH = "agentconnect-placeholder-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "agentconnect-placeholder-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	updates := make(chan [2]string, 16)
+	roots := x509.NewCertPool()
+	roots.AddCert(up.Certificate())
+	in, err := New(Config{RootCAs: roots, Logf: t.Logf, OnUpdate: func(ph, v string) { updates <- [2]string{ph, v} }, Secrets: []Secret{
+		{Placeholder: accessPH, Value: "real-access-0", Hosts: []string{"example.com"}, Headers: []string{"authorization"}, TokenHosts: []string{"example.com"}, TokenField: "access_token"},
+		{Placeholder: refreshPH, Value: "real-refresh-0", TokenHosts: []string{"example.com"}, TokenField: "refresh_token"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := proxyStandIn(t, in, up.Listener.Addr().String(), []string{"example.com"}, 443)
+	trusted := x509.NewCertPool()
+	trusted.AppendCertsFromPEM(in.CACertPEM())
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return net.Dial("tcp", addr) },
+		TLSClientConfig: &tls.Config{RootCAs: trusted}}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	heldAccess, heldRefresh := accessPH, refreshPH // what the session holds
+	for i := 1; i <= 3; i++ {
+		resp, err := c.Post("https://example.com/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"`+heldRefresh+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer struct {
+			AccessToken  string `json:"access_token"`
+			RefreshToken string `json:"refresh_token"`
+			ExpiresIn    int    `json:"expires_in"`
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || json.Unmarshal(b, &answer) != nil {
+			t.Fatalf("refresh %d: %d %s", i, resp.StatusCode, b)
+		}
+		if strings.Contains(string(b), "real-") || answer.AccessToken != accessPH || answer.RefreshToken != refreshPH || answer.ExpiresIn != 2 {
+			t.Fatalf("refresh %d answered %s, want the placeholders and the rest", i, b)
+		}
+		heldAccess, heldRefresh = answer.AccessToken, answer.RefreshToken
+		got := map[string]string{}
+		for range 2 {
+			u := <-updates
+			got[u[0]] = u[1]
+		}
+		if got[accessPH] != fmt.Sprintf("real-access-%d", i) || got[refreshPH] != fmt.Sprintf("real-refresh-%d", i) {
+			t.Errorf("refresh %d reported %v", i, got)
+		}
+		r, body := get(t, c, "https://example.com/api", map[string]string{"Authorization": "Bearer " + heldAccess})
+		if r.StatusCode != 200 || body != "hello "+accessPH {
+			t.Errorf("the API after refresh %d: %d %q", i, r.StatusCode, body)
+		}
+	}
+	// An old value's echo is redacted too.
+	r, body := get(t, c, "https://example.com/api", map[string]string{"Authorization": "Bearer real-access-1"})
+	if r.StatusCode != 401 || strings.Contains(body, "real-access-1") {
+		t.Errorf("an old token's echo: %d %q", r.StatusCode, body)
+	}
+	if _, err := New(Config{Secrets: []Secret{{Placeholder: refreshPH, Value: "x", TokenHosts: []string{"example.com"}, TokenField: "password"}}}); err == nil {
+		t.Error("a token field that is none was accepted")
 	}
 }

@@ -104,7 +104,12 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// An encoded answer could hide an echo of the value: ask for none.
 	out.Header.Del("Accept-Encoding")
-	pairs := t.in.pairs(t.in.swapRequest(out.Header, host, t.port, t.plain))
+	made := t.in.swapRequest(out.Header, host, t.port, t.plain)
+	renewed := t.in.renewedAt(host, t.port, t.plain)
+	if err := t.in.swapBody(out, renewed); err != nil {
+		http.Error(w, fmt.Sprintf("agentconnect: %s:%d: %v", host, t.port, err), http.StatusBadGateway)
+		return
+	}
 	resp, err := t.rt.RoundTrip(out)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("agentconnect: %s:%d: %v", host, t.port, err), http.StatusBadGateway)
@@ -112,7 +117,7 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		t.upgraded(w, resp, pairs)
+		t.upgraded(w, resp, t.in.pairs(made))
 		t.conn.finish()
 		return
 	}
@@ -132,6 +137,12 @@ func (t *tunnel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("agentconnect: %s:%d answered in the %q encoding, which cannot be checked for the secret's value", host, t.port, enc), http.StatusBadGateway)
 		return
 	}
+	// After the renewal: a new value is one to redact too.
+	if body, err = t.in.renew(resp, body, renewed); err != nil {
+		http.Error(w, fmt.Sprintf("agentconnect: %s:%d: %v", host, t.port, err), http.StatusBadGateway)
+		return
+	}
+	pairs := t.in.pairs(made)
 	redactHeader(resp.Header, pairs)
 	for _, h := range hopByHop {
 		resp.Header.Del(h)

@@ -22,6 +22,8 @@ type Agent struct {
 	// (Credentials' names) where a mount or the shared workspace would
 	// show them; every other one is absent inside srt and microsandbox.
 	AllowCredentials []string `json:"allowCredentials"`
+	// Login is a runtime's login (agent login), if it has one.
+	Login *Login `json:"login,omitempty"`
 	// Workspace is a path relative to the agent directory.
 	Workspace string `json:"workspace"`
 	// SharedWorkspace is a host directory declared as shared; when set it is
@@ -49,6 +51,15 @@ var Credentials = map[string]string{
 	"git-credentials": ".git-credentials",
 	"gcloud":          ".config/gcloud",
 	"kube":            ".kube",
+}
+
+// Login is a runtime's credentials file, written into the agent's home for
+// each run: Template with each {{SECRET}} (a secret's name) replaced by the
+// run's placeholder for it (on host: its value). It holds no value.
+type Login struct {
+	Runtime  string `json:"runtime"`
+	File     string `json:"file"` // relative to the agent's home
+	Template string `json:"template"`
 }
 
 // SecretBinding sets the variable Env from the secret named Secret.

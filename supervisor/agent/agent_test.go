@@ -88,6 +88,14 @@ func TestValidate(t *testing.T) {
 			}
 		}},
 		{name: "bad domain", mod: func(a *Agent) { a.AllowedDomains = []string{"exa mple.com"} }, wantErr: "domain"},
+		{name: "login", mod: func(a *Agent) {
+			a.Login = &Login{Runtime: "claude", File: ".claude/.credentials.json", Template: `{"a":"{{c-claude-access}}"}`}
+		}},
+		{name: "login file outside the home", mod: func(a *Agent) {
+			a.Login = &Login{Runtime: "claude", File: "../.bashrc", Template: `{{x}}`}
+		}, wantErr: "inside the agent's home"},
+		{name: "login file absolute", mod: func(a *Agent) { a.Login = &Login{Runtime: "claude", File: "/etc/passwd", Template: `{{x}}`} }, wantErr: "inside the agent's home"},
+		{name: "login without a token", mod: func(a *Agent) { a.Login = &Login{Runtime: "claude", File: "c.json", Template: `{}`} }, wantErr: "no {{SECRET}}"},
 		{name: "bad port", mod: func(a *Agent) { a.AllowedDomains = []string{"example.com:0"} }, wantErr: "port"},
 		{name: "domains cleaned", mod: func(a *Agent) {
 			a.AllowedDomains = []string{"API.Example.com", "*.npmjs.org", "127.0.0.1:8080", "[::1]:443"}

@@ -80,6 +80,9 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 	if err := validateSecrets(a); err != nil {
 		return errdefs.InvalidArgument("agent %s: %v", a.Name, err)
 	}
+	if err := validateLogin(a.Login); err != nil {
+		return errdefs.InvalidArgument("agent %s: login: %v", a.Name, err)
+	}
 	if err := validateWorkspace(a, daemonHome, agentDir); err != nil {
 		return err
 	}

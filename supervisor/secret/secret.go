@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -47,10 +48,19 @@ type Secret struct {
 	// in; none means any header.
 	Headers []string
 	// Preset is the preset the hosts and headers came from, if any.
-	Preset    string
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	Preset string
+	// TokenHosts renew the value: an OAuth token endpoint, whose answers'
+	// field TokenField (access_token, refresh_token or id_token) is its next
+	// value. The placeholder goes to them in request bodies too.
+	TokenHosts []string
+	TokenField string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
+
+// TokenFields are the fields of a token endpoint's answer a secret may be
+// renewed from.
+var TokenFields = []string{"access_token", "refresh_token", "id_token"}
 
 // MaxValue bounds a value: it travels in an environment variable and in
 // request headers.
@@ -117,18 +127,23 @@ func normalize(s *Secret) error {
 		s.Hosts = append(append([]string(nil), p.Hosts...), s.Hosts...)
 		s.Headers = append(append([]string(nil), p.Headers...), s.Headers...)
 	}
-	if len(s.Hosts) == 0 {
+	if len(s.Hosts)+len(s.TokenHosts) == 0 {
 		return errdefs.InvalidArgument("secret %s: no host may receive it: name one with --host HOST[:PORT], or use --preset (%s)", s.Name, strings.Join(PresetNames(), ", "))
 	}
-	hosts := make([]string, 0, len(s.Hosts))
-	for _, h := range s.Hosts {
-		clean, err := agent.ValidateDomain(h)
-		if err != nil {
-			return errdefs.InvalidArgument("secret %s: host: %v", s.Name, err)
-		}
-		hosts = append(hosts, clean)
+	if (s.TokenField == "") != (len(s.TokenHosts) == 0) || s.TokenField != "" && !slices.Contains(TokenFields, s.TokenField) {
+		return errdefs.InvalidArgument("secret %s: a renewed secret needs --token-host HOST[:PORT] and --token-field, one of %s", s.Name, strings.Join(TokenFields, ", "))
 	}
-	s.Hosts = sortedUnique(hosts)
+	for _, list := range []*[]string{&s.Hosts, &s.TokenHosts} {
+		hosts := make([]string, 0, len(*list))
+		for _, h := range *list {
+			clean, err := agent.ValidateDomain(h)
+			if err != nil {
+				return errdefs.InvalidArgument("secret %s: host: %v", s.Name, err)
+			}
+			hosts = append(hosts, clean)
+		}
+		*list = sortedUnique(hosts)
+	}
 	headers := make([]string, 0, len(s.Headers))
 	for _, h := range s.Headers {
 		clean := strings.ToLower(strings.TrimSpace(h))
@@ -170,13 +185,15 @@ type file struct {
 }
 
 type fileSecret struct {
-	Name      string    `json:"name"`
-	Value     string    `json:"value"`
-	Hosts     []string  `json:"hosts"`
-	Headers   []string  `json:"headers"`
-	Preset    string    `json:"preset,omitempty"`
-	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
+	Name       string    `json:"name"`
+	Value      string    `json:"value"`
+	Hosts      []string  `json:"hosts"`
+	Headers    []string  `json:"headers"`
+	Preset     string    `json:"preset,omitempty"`
+	TokenHosts []string  `json:"tokenHosts,omitempty"`
+	TokenField string    `json:"tokenField,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
 }
 
 // Store keeps the secrets in one file. It is safe for concurrent use.
@@ -214,7 +231,7 @@ func Open(path string) (*Store, error) {
 	for _, fs := range f.Secrets {
 		s.secrets[fs.Name] = Secret{
 			Name: fs.Name, Value: Value(fs.Value), Hosts: fs.Hosts, Headers: fs.Headers, Preset: fs.Preset,
-			CreatedAt: fs.CreatedAt, UpdatedAt: fs.UpdatedAt,
+			TokenHosts: fs.TokenHosts, TokenField: fs.TokenField, CreatedAt: fs.CreatedAt, UpdatedAt: fs.UpdatedAt,
 		}
 	}
 	return s, nil
@@ -244,6 +261,35 @@ func (s *Store) Set(sec Secret) (Secret, error) {
 	s.secrets = next
 	sec.Value = ""
 	return sec, nil
+}
+
+// Renew replaces the value of a renewed secret (one with a token field),
+// keeping the rest: its token endpoint answered a session with the next.
+func (s *Store) Renew(name string, value Value) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sec, ok := s.secrets[name]
+	if !ok || sec.TokenField == "" {
+		return errdefs.NotFound("no renewed secret named %q", name)
+	}
+	sec.Value = value
+	if err := normalize(&sec); err != nil {
+		return err
+	}
+	if sec.Value == s.secrets[name].Value {
+		return nil
+	}
+	sec.UpdatedAt = time.Now().UTC()
+	next := make(map[string]Secret, len(s.secrets))
+	for k, v := range s.secrets {
+		next[k] = v
+	}
+	next[name] = sec
+	if err := s.writeLocked(next); err != nil {
+		return err
+	}
+	s.secrets = next
+	return nil
 }
 
 // Remove deletes a secret.
@@ -311,7 +357,7 @@ func (s *Store) writeLocked(all map[string]Secret) error {
 	for _, sec := range all {
 		f.Secrets = append(f.Secrets, fileSecret{
 			Name: sec.Name, Value: string(sec.Value), Hosts: sec.Hosts, Headers: sec.Headers, Preset: sec.Preset,
-			CreatedAt: sec.CreatedAt, UpdatedAt: sec.UpdatedAt,
+			TokenHosts: sec.TokenHosts, TokenField: sec.TokenField, CreatedAt: sec.CreatedAt, UpdatedAt: sec.UpdatedAt,
 		})
 	}
 	sort.Slice(f.Secrets, func(i, j int) bool { return f.Secrets[i].Name < f.Secrets[j].Name })

@@ -83,15 +83,18 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	before, _ := os.ReadFile(path)
 	for name, sec := range map[string]Secret{
-		"bad name":      {Name: "-x", Value: realValue, Hosts: []string{"example.com"}},
-		"empty value":   {Name: "ok", Hosts: []string{"example.com"}},
-		"newline":       {Name: "ok", Value: realValue + "\nX-Evil: 1", Hosts: []string{"example.com"}},
-		"no host":       {Name: "ok", Value: realValue},
-		"bad host":      {Name: "ok", Value: realValue, Hosts: []string{"exa mple.com"}},
-		"bad port":      {Name: "ok", Value: realValue, Hosts: []string{"example.com:99999"}},
-		"bad header":    {Name: "ok", Value: realValue, Hosts: []string{"example.com"}, Headers: []string{"x api key"}},
-		"no preset":     {Name: "ok", Value: realValue, Preset: "nope"},
-		"value too big": {Name: "ok", Value: Value(strings.Repeat("a", MaxValue+1)), Hosts: []string{"example.com"}},
+		"bad name":                 {Name: "-x", Value: realValue, Hosts: []string{"example.com"}},
+		"empty value":              {Name: "ok", Hosts: []string{"example.com"}},
+		"newline":                  {Name: "ok", Value: realValue + "\nX-Evil: 1", Hosts: []string{"example.com"}},
+		"no host":                  {Name: "ok", Value: realValue},
+		"bad host":                 {Name: "ok", Value: realValue, Hosts: []string{"exa mple.com"}},
+		"bad port":                 {Name: "ok", Value: realValue, Hosts: []string{"example.com:99999"}},
+		"bad header":               {Name: "ok", Value: realValue, Hosts: []string{"example.com"}, Headers: []string{"x api key"}},
+		"no preset":                {Name: "ok", Value: realValue, Preset: "nope"},
+		"value too big":            {Name: "ok", Value: Value(strings.Repeat("a", MaxValue+1)), Hosts: []string{"example.com"}},
+		"token field without host": {Name: "ok", Value: realValue, Hosts: []string{"example.com"}, TokenField: "access_token"},
+		"token host without field": {Name: "ok", Value: realValue, TokenHosts: []string{"example.com"}},
+		"no such token field":      {Name: "ok", Value: realValue, TokenHosts: []string{"example.com"}, TokenField: "password"},
 	} {
 		_, err := s.Set(sec)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -134,5 +137,33 @@ func TestPlaceholders(t *testing.T) {
 	a, b := NewPlaceholder(), NewPlaceholder()
 	if a == b || !strings.HasPrefix(a, "agentconnect-placeholder-") || len(a) != len("agentconnect-placeholder-")+32 {
 		t.Errorf("placeholders %q, %q: want unique, prefixed, 32 hex", a, b)
+	}
+}
+
+// TestRenew: a renewed secret takes its next value and keeps the rest, on
+// disk too; a secret that is not renewed, or gone, is not.
+func TestRenew(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secrets.json")
+	s, _ := Open(path)
+	if _, err := s.Set(Secret{Name: "refresh", Value: realValue, TokenHosts: []string{"auth.example.com"}, TokenField: "refresh_token"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Set(Secret{Name: "plain", Value: realValue, Hosts: []string{"example.com"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew("refresh", "next-value"); err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := Open(path)
+	if sec, _ := s2.Get("refresh"); sec.Value != "next-value" || sec.TokenField != "refresh_token" || !reflect.DeepEqual(sec.TokenHosts, []string{"auth.example.com"}) {
+		t.Errorf("renewed: %+v", sec)
+	}
+	for _, name := range []string{"plain", "gone"} {
+		if err := s.Renew(name, "x"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Renew(%s): %v, want NotFound", name, err)
+		}
+	}
+	if err := s.Renew("refresh", "a\nb"); err == nil {
+		t.Error("a value with a newline was taken")
 	}
 }

@@ -544,8 +544,11 @@ type Agent struct {
 	// Credential files of the daemon's user opted back in, by name (ssh,
 	// aws, gh, netrc, docker, git-credentials, gcloud, kube).
 	AllowCredentials []string `protobuf:"bytes,18,rep,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A runtime's login (agent login): its credentials file, written into
+	// the agent's home for each run with placeholders for its tokens.
+	Login         *Login `protobuf:"bytes,19,opt,name=login,proto3" json:"login,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Agent) Reset() {
@@ -704,6 +707,76 @@ func (x *Agent) GetAllowCredentials() []string {
 	return nil
 }
 
+func (x *Agent) GetLogin() *Login {
+	if x != nil {
+		return x.Login
+	}
+	return nil
+}
+
+// Login is a runtime's credentials file: file relative to the agent's home,
+// template the file with each token as {{SECRET}} (the name of the secret
+// holding it), never a value.
+type Login struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Runtime       string                 `protobuf:"bytes,1,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	File          string                 `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	Template      string                 `protobuf:"bytes,3,opt,name=template,proto3" json:"template,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Login) Reset() {
+	*x = Login{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Login) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Login) ProtoMessage() {}
+
+func (x *Login) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Login.ProtoReflect.Descriptor instead.
+func (*Login) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Login) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Login) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *Login) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
 // SecretBinding sets the variable env from a secret of the store.
 type SecretBinding struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -715,7 +788,7 @@ type SecretBinding struct {
 
 func (x *SecretBinding) Reset() {
 	*x = SecretBinding{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +800,7 @@ func (x *SecretBinding) String() string {
 func (*SecretBinding) ProtoMessage() {}
 
 func (x *SecretBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +813,7 @@ func (x *SecretBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretBinding.ProtoReflect.Descriptor instead.
 func (*SecretBinding) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SecretBinding) GetEnv() string {
@@ -766,13 +839,15 @@ type Secret struct {
 	Agents        []string               `protobuf:"bytes,5,rep,name=agents,proto3" json:"agents,omitempty"` // the agents bound to it
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	TokenHosts    []string               `protobuf:"bytes,8,rep,name=token_hosts,json=tokenHosts,proto3" json:"token_hosts,omitempty"` // renew it: an OAuth token endpoint
+	TokenField    string                 `protobuf:"bytes,9,opt,name=token_field,json=tokenField,proto3" json:"token_field,omitempty"` // the field of its answer: access_token, refresh_token, id_token
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +859,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +872,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Secret) GetName() string {
@@ -849,6 +924,20 @@ func (x *Secret) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Secret) GetTokenHosts() []string {
+	if x != nil {
+		return x.TokenHosts
+	}
+	return nil
+}
+
+func (x *Secret) GetTokenField() string {
+	if x != nil {
+		return x.TokenField
+	}
+	return ""
+}
+
 type SetSecretRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -856,13 +945,15 @@ type SetSecretRequest struct {
 	Hosts         []string               `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`
 	Headers       []string               `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
 	Preset        string                 `protobuf:"bytes,5,opt,name=preset,proto3" json:"preset,omitempty"`
+	TokenHosts    []string               `protobuf:"bytes,6,rep,name=token_hosts,json=tokenHosts,proto3" json:"token_hosts,omitempty"`
+	TokenField    string                 `protobuf:"bytes,7,opt,name=token_field,json=tokenField,proto3" json:"token_field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetSecretRequest) Reset() {
 	*x = SetSecretRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +965,7 @@ func (x *SetSecretRequest) String() string {
 func (*SetSecretRequest) ProtoMessage() {}
 
 func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +978,7 @@ func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSecretRequest.ProtoReflect.Descriptor instead.
 func (*SetSecretRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetSecretRequest) GetName() string {
@@ -925,6 +1016,20 @@ func (x *SetSecretRequest) GetPreset() string {
 	return ""
 }
 
+func (x *SetSecretRequest) GetTokenHosts() []string {
+	if x != nil {
+		return x.TokenHosts
+	}
+	return nil
+}
+
+func (x *SetSecretRequest) GetTokenField() string {
+	if x != nil {
+		return x.TokenField
+	}
+	return ""
+}
+
 type ListSecretsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -933,7 +1038,7 @@ type ListSecretsRequest struct {
 
 func (x *ListSecretsRequest) Reset() {
 	*x = ListSecretsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1050,7 @@ func (x *ListSecretsRequest) String() string {
 func (*ListSecretsRequest) ProtoMessage() {}
 
 func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1063,7 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 type ListSecretsResponse struct {
@@ -970,7 +1075,7 @@ type ListSecretsResponse struct {
 
 func (x *ListSecretsResponse) Reset() {
 	*x = ListSecretsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1087,7 @@ func (x *ListSecretsResponse) String() string {
 func (*ListSecretsResponse) ProtoMessage() {}
 
 func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1100,7 @@ func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
 func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSecretsResponse) GetSecrets() []*Secret {
@@ -1015,7 +1120,7 @@ type RemoveSecretRequest struct {
 
 func (x *RemoveSecretRequest) Reset() {
 	*x = RemoveSecretRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1132,7 @@ func (x *RemoveSecretRequest) String() string {
 func (*RemoveSecretRequest) ProtoMessage() {}
 
 func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1145,7 @@ func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoveSecretRequest) GetName() string {
@@ -1065,7 +1170,7 @@ type RemoveSecretResponse struct {
 
 func (x *RemoveSecretResponse) Reset() {
 	*x = RemoveSecretResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1182,7 @@ func (x *RemoveSecretResponse) String() string {
 func (*RemoveSecretResponse) ProtoMessage() {}
 
 func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1195,7 @@ func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 type CreateAgentRequest struct {
@@ -1102,7 +1207,7 @@ type CreateAgentRequest struct {
 
 func (x *CreateAgentRequest) Reset() {
 	*x = CreateAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1219,7 @@ func (x *CreateAgentRequest) String() string {
 func (*CreateAgentRequest) ProtoMessage() {}
 
 func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1232,7 @@ func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentRequest.ProtoReflect.Descriptor instead.
 func (*CreateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateAgentRequest) GetAgent() *Agent {
@@ -1147,7 +1252,7 @@ type UpdateAgentRequest struct {
 
 func (x *UpdateAgentRequest) Reset() {
 	*x = UpdateAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1264,7 @@ func (x *UpdateAgentRequest) String() string {
 func (*UpdateAgentRequest) ProtoMessage() {}
 
 func (x *UpdateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1277,7 @@ func (x *UpdateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateAgentRequest.ProtoReflect.Descriptor instead.
 func (*UpdateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdateAgentRequest) GetName() string {
@@ -1198,7 +1303,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1315,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1328,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetAgentRequest) GetName() string {
@@ -1241,7 +1346,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1358,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1371,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 type ListAgentsResponse struct {
@@ -1278,7 +1383,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1395,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1408,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -1322,7 +1427,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1439,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1452,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteAgentRequest) GetName() string {
@@ -1365,7 +1470,7 @@ type DeleteAgentResponse struct {
 
 func (x *DeleteAgentResponse) Reset() {
 	*x = DeleteAgentResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1482,7 @@ func (x *DeleteAgentResponse) String() string {
 func (*DeleteAgentResponse) ProtoMessage() {}
 
 func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1495,7 @@ func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 type Session struct {
@@ -1424,7 +1529,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1541,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1554,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Session) GetId() string {
@@ -1616,7 +1721,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1733,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1746,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Violation) GetTime() *timestamppb.Timestamp {
@@ -1712,7 +1817,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1829,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1842,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Usage) GetMemoryBytes() uint64 {
@@ -1771,7 +1876,7 @@ type StartSessionRequest struct {
 
 func (x *StartSessionRequest) Reset() {
 	*x = StartSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1888,7 @@ func (x *StartSessionRequest) String() string {
 func (*StartSessionRequest) ProtoMessage() {}
 
 func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1901,7 @@ func (x *StartSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartSessionRequest.ProtoReflect.Descriptor instead.
 func (*StartSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StartSessionRequest) GetAgent() string {
@@ -1822,7 +1927,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1939,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1952,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeSessionRequest) GetId() string {
@@ -1866,7 +1971,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +1983,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +1996,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSessionsRequest) GetAgent() string {
@@ -1910,7 +2015,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2027,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2040,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -1954,7 +2059,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2071,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2084,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetSessionRequest) GetId() string {
@@ -1999,7 +2104,7 @@ type StopSessionRequest struct {
 
 func (x *StopSessionRequest) Reset() {
 	*x = StopSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2116,7 @@ func (x *StopSessionRequest) String() string {
 func (*StopSessionRequest) ProtoMessage() {}
 
 func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2129,7 @@ func (x *StopSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSessionRequest.ProtoReflect.Descriptor instead.
 func (*StopSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StopSessionRequest) GetId() string {
@@ -2051,7 +2156,7 @@ type KillSessionRequest struct {
 
 func (x *KillSessionRequest) Reset() {
 	*x = KillSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2168,7 @@ func (x *KillSessionRequest) String() string {
 func (*KillSessionRequest) ProtoMessage() {}
 
 func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2181,7 @@ func (x *KillSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionRequest.ProtoReflect.Descriptor instead.
 func (*KillSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KillSessionRequest) GetId() string {
@@ -2101,7 +2206,7 @@ type KillSessionResponse struct {
 
 func (x *KillSessionResponse) Reset() {
 	*x = KillSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2218,7 @@ func (x *KillSessionResponse) String() string {
 func (*KillSessionResponse) ProtoMessage() {}
 
 func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2231,7 @@ func (x *KillSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillSessionResponse.ProtoReflect.Descriptor instead.
 func (*KillSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 type WaitSessionRequest struct {
@@ -2138,7 +2243,7 @@ type WaitSessionRequest struct {
 
 func (x *WaitSessionRequest) Reset() {
 	*x = WaitSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2255,7 @@ func (x *WaitSessionRequest) String() string {
 func (*WaitSessionRequest) ProtoMessage() {}
 
 func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2268,7 @@ func (x *WaitSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitSessionRequest.ProtoReflect.Descriptor instead.
 func (*WaitSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WaitSessionRequest) GetId() string {
@@ -2183,7 +2288,7 @@ type RemoveSessionRequest struct {
 
 func (x *RemoveSessionRequest) Reset() {
 	*x = RemoveSessionRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2300,7 @@ func (x *RemoveSessionRequest) String() string {
 func (*RemoveSessionRequest) ProtoMessage() {}
 
 func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2313,7 @@ func (x *RemoveSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSessionRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveSessionRequest) GetId() string {
@@ -2233,7 +2338,7 @@ type RemoveSessionResponse struct {
 
 func (x *RemoveSessionResponse) Reset() {
 	*x = RemoveSessionResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2350,7 @@ func (x *RemoveSessionResponse) String() string {
 func (*RemoveSessionResponse) ProtoMessage() {}
 
 func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2363,7 @@ func (x *RemoveSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSessionResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSessionResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 type WriteStdinRequest struct {
@@ -2271,7 +2376,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2388,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2401,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -2322,7 +2427,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2439,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[36]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2452,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -2366,7 +2471,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2483,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[37]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2496,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -2409,7 +2514,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2526,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[38]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2539,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 type AttachRequest struct {
@@ -2448,7 +2553,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2565,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[39]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2578,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -2509,7 +2614,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2626,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[40]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2639,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -2574,7 +2679,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2691,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[41]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2704,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *EventsRequest) GetFollow() bool {
@@ -2623,7 +2728,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2740,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_admin_v1_admin_proto_msgTypes[42]
+	mi := &file_api_admin_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2753,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{42}
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -2738,7 +2843,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
 	"\bdisk_gib\x18\x03 \x01(\rR\adiskGib\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\x9e\x05\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xd2\x05\n" +
 	"\x05Agent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -2760,10 +2865,15 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\vnot_offered\x18\x10 \x01(\tR\n" +
 	"notOffered\x12>\n" +
 	"\asecrets\x18\x11 \x03(\v2$.agentconnect.admin.v1.SecretBindingR\asecrets\x12+\n" +
-	"\x11allow_credentials\x18\x12 \x03(\tR\x10allowCredentials\"9\n" +
+	"\x11allow_credentials\x18\x12 \x03(\tR\x10allowCredentials\x122\n" +
+	"\x05login\x18\x13 \x01(\v2\x1c.agentconnect.admin.v1.LoginR\x05login\"Q\n" +
+	"\x05Login\x12\x18\n" +
+	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\tR\x04file\x12\x1a\n" +
+	"\btemplate\x18\x03 \x01(\tR\btemplate\"9\n" +
 	"\rSecretBinding\x12\x10\n" +
 	"\x03env\x18\x01 \x01(\tR\x03env\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xf2\x01\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\xb4\x02\n" +
 	"\x06Secret\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05hosts\x18\x02 \x03(\tR\x05hosts\x12\x18\n" +
@@ -2773,13 +2883,21 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\x84\x01\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1f\n" +
+	"\vtoken_hosts\x18\b \x03(\tR\n" +
+	"tokenHosts\x12\x1f\n" +
+	"\vtoken_field\x18\t \x01(\tR\n" +
+	"tokenField\"\xc6\x01\n" +
 	"\x10SetSecretRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
 	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x18\n" +
 	"\aheaders\x18\x04 \x03(\tR\aheaders\x12\x16\n" +
-	"\x06preset\x18\x05 \x01(\tR\x06preset\"\x14\n" +
+	"\x06preset\x18\x05 \x01(\tR\x06preset\x12\x1f\n" +
+	"\vtoken_hosts\x18\x06 \x03(\tR\n" +
+	"tokenHosts\x12\x1f\n" +
+	"\vtoken_field\x18\a \x01(\tR\n" +
+	"tokenField\"\x14\n" +
 	"\x12ListSecretsRequest\"N\n" +
 	"\x13ListSecretsResponse\x127\n" +
 	"\asecrets\x18\x01 \x03(\v2\x1d.agentconnect.admin.v1.SecretR\asecrets\"?\n" +
@@ -2940,7 +3058,7 @@ func file_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_api_admin_v1_admin_proto_goTypes = []any{
 	(Stream)(0),                   // 0: agentconnect.admin.v1.Stream
 	(*StatusRequest)(nil),         // 1: agentconnect.admin.v1.StatusRequest
@@ -2950,115 +3068,117 @@ var file_api_admin_v1_admin_proto_goTypes = []any{
 	(*Mount)(nil),                 // 5: agentconnect.admin.v1.Mount
 	(*Resources)(nil),             // 6: agentconnect.admin.v1.Resources
 	(*Agent)(nil),                 // 7: agentconnect.admin.v1.Agent
-	(*SecretBinding)(nil),         // 8: agentconnect.admin.v1.SecretBinding
-	(*Secret)(nil),                // 9: agentconnect.admin.v1.Secret
-	(*SetSecretRequest)(nil),      // 10: agentconnect.admin.v1.SetSecretRequest
-	(*ListSecretsRequest)(nil),    // 11: agentconnect.admin.v1.ListSecretsRequest
-	(*ListSecretsResponse)(nil),   // 12: agentconnect.admin.v1.ListSecretsResponse
-	(*RemoveSecretRequest)(nil),   // 13: agentconnect.admin.v1.RemoveSecretRequest
-	(*RemoveSecretResponse)(nil),  // 14: agentconnect.admin.v1.RemoveSecretResponse
-	(*CreateAgentRequest)(nil),    // 15: agentconnect.admin.v1.CreateAgentRequest
-	(*UpdateAgentRequest)(nil),    // 16: agentconnect.admin.v1.UpdateAgentRequest
-	(*GetAgentRequest)(nil),       // 17: agentconnect.admin.v1.GetAgentRequest
-	(*ListAgentsRequest)(nil),     // 18: agentconnect.admin.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 19: agentconnect.admin.v1.ListAgentsResponse
-	(*DeleteAgentRequest)(nil),    // 20: agentconnect.admin.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),   // 21: agentconnect.admin.v1.DeleteAgentResponse
-	(*Session)(nil),               // 22: agentconnect.admin.v1.Session
-	(*Violation)(nil),             // 23: agentconnect.admin.v1.Violation
-	(*Usage)(nil),                 // 24: agentconnect.admin.v1.Usage
-	(*StartSessionRequest)(nil),   // 25: agentconnect.admin.v1.StartSessionRequest
-	(*ResumeSessionRequest)(nil),  // 26: agentconnect.admin.v1.ResumeSessionRequest
-	(*ListSessionsRequest)(nil),   // 27: agentconnect.admin.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 28: agentconnect.admin.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),     // 29: agentconnect.admin.v1.GetSessionRequest
-	(*StopSessionRequest)(nil),    // 30: agentconnect.admin.v1.StopSessionRequest
-	(*KillSessionRequest)(nil),    // 31: agentconnect.admin.v1.KillSessionRequest
-	(*KillSessionResponse)(nil),   // 32: agentconnect.admin.v1.KillSessionResponse
-	(*WaitSessionRequest)(nil),    // 33: agentconnect.admin.v1.WaitSessionRequest
-	(*RemoveSessionRequest)(nil),  // 34: agentconnect.admin.v1.RemoveSessionRequest
-	(*RemoveSessionResponse)(nil), // 35: agentconnect.admin.v1.RemoveSessionResponse
-	(*WriteStdinRequest)(nil),     // 36: agentconnect.admin.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 37: agentconnect.admin.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),     // 38: agentconnect.admin.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),    // 39: agentconnect.admin.v1.CloseStdinResponse
-	(*AttachRequest)(nil),         // 40: agentconnect.admin.v1.AttachRequest
-	(*OutputChunk)(nil),           // 41: agentconnect.admin.v1.OutputChunk
-	(*EventsRequest)(nil),         // 42: agentconnect.admin.v1.EventsRequest
-	(*Event)(nil),                 // 43: agentconnect.admin.v1.Event
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*Login)(nil),                 // 8: agentconnect.admin.v1.Login
+	(*SecretBinding)(nil),         // 9: agentconnect.admin.v1.SecretBinding
+	(*Secret)(nil),                // 10: agentconnect.admin.v1.Secret
+	(*SetSecretRequest)(nil),      // 11: agentconnect.admin.v1.SetSecretRequest
+	(*ListSecretsRequest)(nil),    // 12: agentconnect.admin.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),   // 13: agentconnect.admin.v1.ListSecretsResponse
+	(*RemoveSecretRequest)(nil),   // 14: agentconnect.admin.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),  // 15: agentconnect.admin.v1.RemoveSecretResponse
+	(*CreateAgentRequest)(nil),    // 16: agentconnect.admin.v1.CreateAgentRequest
+	(*UpdateAgentRequest)(nil),    // 17: agentconnect.admin.v1.UpdateAgentRequest
+	(*GetAgentRequest)(nil),       // 18: agentconnect.admin.v1.GetAgentRequest
+	(*ListAgentsRequest)(nil),     // 19: agentconnect.admin.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),    // 20: agentconnect.admin.v1.ListAgentsResponse
+	(*DeleteAgentRequest)(nil),    // 21: agentconnect.admin.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),   // 22: agentconnect.admin.v1.DeleteAgentResponse
+	(*Session)(nil),               // 23: agentconnect.admin.v1.Session
+	(*Violation)(nil),             // 24: agentconnect.admin.v1.Violation
+	(*Usage)(nil),                 // 25: agentconnect.admin.v1.Usage
+	(*StartSessionRequest)(nil),   // 26: agentconnect.admin.v1.StartSessionRequest
+	(*ResumeSessionRequest)(nil),  // 27: agentconnect.admin.v1.ResumeSessionRequest
+	(*ListSessionsRequest)(nil),   // 28: agentconnect.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),  // 29: agentconnect.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),     // 30: agentconnect.admin.v1.GetSessionRequest
+	(*StopSessionRequest)(nil),    // 31: agentconnect.admin.v1.StopSessionRequest
+	(*KillSessionRequest)(nil),    // 32: agentconnect.admin.v1.KillSessionRequest
+	(*KillSessionResponse)(nil),   // 33: agentconnect.admin.v1.KillSessionResponse
+	(*WaitSessionRequest)(nil),    // 34: agentconnect.admin.v1.WaitSessionRequest
+	(*RemoveSessionRequest)(nil),  // 35: agentconnect.admin.v1.RemoveSessionRequest
+	(*RemoveSessionResponse)(nil), // 36: agentconnect.admin.v1.RemoveSessionResponse
+	(*WriteStdinRequest)(nil),     // 37: agentconnect.admin.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 38: agentconnect.admin.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),     // 39: agentconnect.admin.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),    // 40: agentconnect.admin.v1.CloseStdinResponse
+	(*AttachRequest)(nil),         // 41: agentconnect.admin.v1.AttachRequest
+	(*OutputChunk)(nil),           // 42: agentconnect.admin.v1.OutputChunk
+	(*EventsRequest)(nil),         // 43: agentconnect.admin.v1.EventsRequest
+	(*Event)(nil),                 // 44: agentconnect.admin.v1.Event
+	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
 }
 var file_api_admin_v1_admin_proto_depIdxs = []int32{
-	44, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	45, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: agentconnect.admin.v1.StatusResponse.strategies:type_name -> agentconnect.admin.v1.Strategy
 	3,  // 2: agentconnect.admin.v1.StatusResponse.cgroups:type_name -> agentconnect.admin.v1.Cgroups
 	5,  // 3: agentconnect.admin.v1.Agent.mounts:type_name -> agentconnect.admin.v1.Mount
 	6,  // 4: agentconnect.admin.v1.Agent.resources:type_name -> agentconnect.admin.v1.Resources
-	44, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	8,  // 6: agentconnect.admin.v1.Agent.secrets:type_name -> agentconnect.admin.v1.SecretBinding
-	44, // 7: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
-	44, // 8: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
-	9,  // 9: agentconnect.admin.v1.ListSecretsResponse.secrets:type_name -> agentconnect.admin.v1.Secret
-	7,  // 10: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
-	7,  // 11: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
-	7,  // 12: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
-	44, // 13: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	44, // 14: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	44, // 15: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
-	24, // 16: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
-	23, // 17: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
-	44, // 18: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
-	44, // 19: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
-	22, // 20: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
-	0,  // 21: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	44, // 22: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1,  // 23: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	15, // 24: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	16, // 25: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	17, // 26: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	18, // 27: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	20, // 28: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	10, // 29: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
-	11, // 30: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
-	13, // 31: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
-	25, // 32: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	26, // 33: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	27, // 34: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	29, // 35: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	30, // 36: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	31, // 37: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	33, // 38: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	34, // 39: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	36, // 40: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	38, // 41: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	40, // 42: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	42, // 43: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 44: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 45: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 46: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 47: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	19, // 48: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	21, // 49: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	9,  // 50: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
-	12, // 51: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
-	14, // 52: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
-	22, // 53: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	22, // 54: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	28, // 55: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	22, // 56: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	22, // 57: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	32, // 58: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	22, // 59: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	35, // 60: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	37, // 61: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	39, // 62: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	41, // 63: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	43, // 64: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	44, // [44:65] is the sub-list for method output_type
-	23, // [23:44] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	45, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 6: agentconnect.admin.v1.Agent.secrets:type_name -> agentconnect.admin.v1.SecretBinding
+	8,  // 7: agentconnect.admin.v1.Agent.login:type_name -> agentconnect.admin.v1.Login
+	45, // 8: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
+	45, // 9: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	10, // 10: agentconnect.admin.v1.ListSecretsResponse.secrets:type_name -> agentconnect.admin.v1.Secret
+	7,  // 11: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
+	7,  // 12: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
+	7,  // 13: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
+	45, // 14: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	45, // 15: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	45, // 16: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
+	25, // 17: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
+	24, // 18: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
+	45, // 19: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
+	45, // 20: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
+	23, // 21: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
+	0,  // 22: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
+	45, // 23: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	1,  // 24: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	16, // 25: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	17, // 26: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	18, // 27: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	19, // 28: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	21, // 29: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	11, // 30: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
+	12, // 31: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
+	14, // 32: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
+	26, // 33: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	27, // 34: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	28, // 35: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	30, // 36: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	31, // 37: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	32, // 38: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	34, // 39: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	35, // 40: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	37, // 41: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	39, // 42: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	41, // 43: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	43, // 44: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	4,  // 45: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 46: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 47: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 48: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	20, // 49: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	22, // 50: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	10, // 51: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
+	13, // 52: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
+	15, // 53: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
+	23, // 54: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	23, // 55: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	29, // 56: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	23, // 57: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	23, // 58: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	33, // 59: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	23, // 60: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	36, // 61: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	38, // 62: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	40, // 63: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	42, // 64: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	44, // 65: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	45, // [45:66] is the sub-list for method output_type
+	24, // [24:45] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }
@@ -3072,7 +3192,7 @@ func file_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_admin_v1_admin_proto_rawDesc), len(file_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

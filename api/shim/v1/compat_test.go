@@ -65,6 +65,12 @@ var pairs = []struct {
 		&shimpb.StatsResponse{MemoryBytes: 1 << 40, Pids: 3, CpuUsageNs: 18446744073709551615}},
 	{&ShutdownRequest{}, &shimpb.ShutdownRequest{}},
 	{&ShutdownResponse{}, &shimpb.ShutdownResponse{}},
+	{&StartRequest{Secrets: []*Secret{{Placeholder: "p", Value: "v", Name: "claude-refresh", TokenHosts: []string{"platform.claude.com"}, TokenField: "refresh_token"}}},
+		&shimpb.StartRequest{Secrets: []*shimpb.Secret{{Placeholder: "p", Value: "v", Name: "claude-refresh", TokenHosts: []string{"platform.claude.com"}, TokenField: "refresh_token"}}}},
+	{&SecretUpdatesRequest{After: 18446744073709551615}, &shimpb.SecretUpdatesRequest{After: 18446744073709551615}},
+	{&SecretUpdatesResponse{}, &shimpb.SecretUpdatesResponse{}},
+	{&SecretUpdatesResponse{Generation: 3, Updates: []*SecretUpdate{{Name: "a", Value: "ü"}, {}}, Ended: true},
+		&shimpb.SecretUpdatesResponse{Generation: 3, Updates: []*shimpb.SecretUpdate{{Name: "a", Value: "ü"}, {}}, Ended: true}},
 }
 
 // TestEncodingIsProtobufs: every message encodes to the bytes protobuf's
@@ -147,6 +153,9 @@ func (fakeShim) Stats(context.Context, *shimpb.StatsRequest) (*shimpb.StatsRespo
 func (fakeShim) Shutdown(context.Context, *shimpb.ShutdownRequest) (*shimpb.ShutdownResponse, error) {
 	return &shimpb.ShutdownResponse{}, nil
 }
+func (fakeShim) SecretUpdates(_ context.Context, r *shimpb.SecretUpdatesRequest) (*shimpb.SecretUpdatesResponse, error) {
+	return &shimpb.SecretUpdatesResponse{Generation: r.After + 1, Updates: []*shimpb.SecretUpdate{{Name: "n", Value: "v"}}}, nil
+}
 
 func listen(t *testing.T) (net.Listener, string) {
 	t.Helper()
@@ -199,6 +208,9 @@ func TestClientOfLibraryServer(t *testing.T) {
 	}
 	if s, err := shim.Stats(ctx, &StatsRequest{}); err != nil || *s != (StatsResponse{MemoryBytes: 1 << 30, Pids: 2, CpuUsageNs: 5}) {
 		t.Errorf("Stats: %+v, %v", s, err)
+	}
+	if u, err := shim.SecretUpdates(ctx, &SecretUpdatesRequest{After: 4}); err != nil || u.Generation != 5 || len(u.Updates) != 1 || *u.Updates[0] != (SecretUpdate{Name: "n", Value: "v"}) {
+		t.Errorf("SecretUpdates: %+v, %v", u, err)
 	}
 	for name, call := range map[string]func() error{
 		"Kill":       func() error { _, err := shim.Kill(ctx, &KillRequest{Signal: 9, All: true}); return err },

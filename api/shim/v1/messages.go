@@ -49,10 +49,16 @@ type Secret struct {
 	Value       string
 	Hosts       []string // network policy entries
 	Headers     []string // lower case; none: any
+	Name        string   // the secret's, in the store
+	// TokenHosts renew the value (an OAuth token endpoint), from the field
+	// TokenField of their answers; see SecretUpdates.
+	TokenHosts []string
+	TokenField string
 }
 
 func (m *Secret) fields() []field {
-	return []field{stringField(1, &m.Placeholder), stringField(2, &m.Value), repeatedStringField(3, &m.Hosts), repeatedStringField(4, &m.Headers)}
+	return []field{stringField(1, &m.Placeholder), stringField(2, &m.Value), repeatedStringField(3, &m.Hosts), repeatedStringField(4, &m.Headers),
+		stringField(5, &m.Name), repeatedStringField(6, &m.TokenHosts), stringField(7, &m.TokenField)}
 }
 
 // StartResponse is the runtime's pid.
@@ -171,3 +177,32 @@ func (*ShutdownRequest) fields() []field { return nil }
 type ShutdownResponse struct{}
 
 func (*ShutdownResponse) fields() []field { return nil }
+
+// SecretUpdatesRequest waits for renewals past generation After.
+type SecretUpdatesRequest struct {
+	After uint64
+}
+
+func (m *SecretUpdatesRequest) fields() []field { return []field{uint64Field(1, &m.After)} }
+
+// SecretUpdatesResponse is every renewed secret's latest value, at
+// Generation; Ended: the run has ended, and no more will come.
+type SecretUpdatesResponse struct {
+	Generation uint64
+	Updates    []*SecretUpdate
+	Ended      bool
+}
+
+func (m *SecretUpdatesResponse) fields() []field {
+	return []field{uint64Field(1, &m.Generation), repeatedMessageField(2, &m.Updates), boolField(3, &m.Ended)}
+}
+
+// SecretUpdate is a renewed secret's value.
+type SecretUpdate struct {
+	Name  string
+	Value string
+}
+
+func (m *SecretUpdate) fields() []field {
+	return []field{stringField(1, &m.Name), stringField(2, &m.Value)}
+}

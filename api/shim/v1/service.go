@@ -23,20 +23,22 @@ type ShimService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
+	SecretUpdates(context.Context, *SecretUpdatesRequest) (*SecretUpdatesResponse, error)
 }
 
 // RegisterShimService serves svc on srv.
 func RegisterShimService(srv *ttrpclite.Server, svc ShimService) {
 	srv.Register(ServiceName, map[string]ttrpclite.Method{
-		"Handshake":  method(svc.Handshake),
-		"Start":      method(svc.Start),
-		"State":      method(svc.State),
-		"Kill":       method(svc.Kill),
-		"Wait":       method(svc.Wait),
-		"WriteStdin": method(svc.WriteStdin),
-		"CloseStdin": method(svc.CloseStdin),
-		"Stats":      method(svc.Stats),
-		"Shutdown":   method(svc.Shutdown),
+		"Handshake":     method(svc.Handshake),
+		"Start":         method(svc.Start),
+		"State":         method(svc.State),
+		"Kill":          method(svc.Kill),
+		"Wait":          method(svc.Wait),
+		"WriteStdin":    method(svc.WriteStdin),
+		"CloseStdin":    method(svc.CloseStdin),
+		"Stats":         method(svc.Stats),
+		"Shutdown":      method(svc.Shutdown),
+		"SecretUpdates": method(svc.SecretUpdates),
 	})
 }
 
@@ -113,4 +115,8 @@ func (s shimClient) Stats(ctx context.Context, req *StatsRequest) (*StatsRespons
 
 func (s shimClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*ShutdownResponse, error) {
 	return call[ShutdownResponse](ctx, s.c, "Shutdown", req)
+}
+
+func (s shimClient) SecretUpdates(ctx context.Context, req *SecretUpdatesRequest) (*SecretUpdatesResponse, error) {
+	return call[SecretUpdatesResponse](ctx, s.c, "SecretUpdates", req)
 }

@@ -6,7 +6,11 @@ package shimv1
 // older peer cannot follow bumps it.
 //
 // 2: StartRequest.env and secrets.
-const APIVersion = 2
+// 3: Secret.name, token_hosts and token_field; SecretUpdates.
+const APIVersion = 3
+
+// RenewAPIVersion is the first version that renews secrets (SecretUpdates).
+const RenewAPIVersion = 3
 
 // PrivateEnvAPIVersion is the first version whose Start takes Env.
 const PrivateEnvAPIVersion = 2

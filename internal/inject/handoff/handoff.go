@@ -30,6 +30,15 @@ type Secret struct {
 	Value       string   `json:"value"`
 	Hosts       []string `json:"hosts"`
 	Headers     []string `json:"headers"`
+	TokenHosts  []string `json:"tokenHosts,omitempty"`
+	TokenField  string   `json:"tokenField,omitempty"`
+}
+
+// Update is the inject process's message to the shim: a secret's value
+// renewed by its token endpoint.
+type Update struct {
+	Placeholder string `json:"placeholder"`
+	Value       string `json:"value"`
 }
 
 // Ready is the inject process's one line on stdout: its session CA.
@@ -61,9 +70,11 @@ func Pair() (*Sender, *os.File, error) {
 
 // Sender is the shim's end.
 type Sender struct {
-	mu     sync.Mutex
-	fd     int
-	closed bool
+	mu       sync.Mutex
+	fd       int
+	closed   bool // no more sends
+	reading  bool // ReadUpdates runs: it closes fd when it ends
+	fdClosed bool
 }
 
 // Send hands a tunnel over; the caller closes its own client and upstream
@@ -104,7 +115,62 @@ func (s *Sender) Close() error {
 		return nil
 	}
 	s.closed = true
+	// Shutdown wakes ReadUpdates, which then closes the descriptor: a
+	// close under a blocked read would let the number be reused under it.
+	unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	return s.closeFD()
+}
+
+func (s *Sender) closeFD() error {
+	if s.reading || s.fdClosed {
+		return nil
+	}
+	s.fdClosed = true
 	return unix.Close(s.fd)
+}
+
+// ReadUpdates calls fn with each update the inject process sends, until
+// either end closes. Run it on a goroutine of its own, once.
+func (s *Sender) ReadUpdates(fn func(Update)) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.reading = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.closed, s.reading = true, false
+		s.closeFD()
+		s.mu.Unlock()
+	}()
+	buf := make([]byte, maxMessage)
+	for {
+		n, _, _, _, err := unix.Recvmsg(s.fd, buf, nil, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return
+		}
+		var u Update
+		if json.Unmarshal(buf[:n], &u) == nil && u.Placeholder != "" {
+			fn(u)
+		}
+	}
+}
+
+// SendUpdate sends an update on the inject process's end (fd).
+func SendUpdate(fd int, u Update) error {
+	msg, err := json.Marshal(u)
+	if err != nil {
+		return err
+	}
+	if len(msg) > maxMessage {
+		return fmt.Errorf("handoff: an update of %d bytes", len(msg))
+	}
+	return unix.Sendmsg(fd, msg, nil, nil, 0)
 }
 
 // fileOf is a duplicate of c's descriptor.

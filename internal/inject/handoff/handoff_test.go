@@ -68,3 +68,27 @@ func TestATunnelCrosses(t *testing.T) {
 		t.Error("Send after Close succeeded")
 	}
 }
+
+// TestUpdatesCross: the inject process's updates reach ReadUpdates; Close
+// ends a ReadUpdates blocked on the socket.
+func TestUpdatesCross(t *testing.T) {
+	s, f, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make(chan Update, 2)
+	done := make(chan struct{})
+	go func() { s.ReadUpdates(func(u Update) { got <- u }); close(done) }()
+	if err := SendUpdate(int(f.Fd()), Update{Placeholder: "p", Value: "v2"}); err != nil {
+		t.Fatal(err)
+	}
+	if u := <-got; u.Placeholder != "p" || u.Value != "v2" {
+		t.Errorf("update %+v", u)
+	}
+	s.Close()
+	<-done
+	if _, _, _, err := Receive(int(f.Fd())); !errors.Is(err, ErrClosed) {
+		t.Errorf("after the sender closed: %v, want ErrClosed", err)
+	}
+}

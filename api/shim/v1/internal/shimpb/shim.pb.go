@@ -256,11 +256,16 @@ func (x *StartRequest) GetSecrets() []*Secret {
 }
 
 type Secret struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Placeholder   string                 `protobuf:"bytes,1,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
-	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
-	Hosts         []string               `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`     // network policy entries
-	Headers       []string               `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"` // lower case; none: any
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Placeholder string                 `protobuf:"bytes,1,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
+	Value       string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Hosts       []string               `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`     // network policy entries
+	Headers     []string               `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"` // lower case; none: any
+	Name        string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`       // the secret's, in the store
+	// Where the value is renewed (an OAuth token endpoint) and the field
+	// of its answer that holds the next value; see SecretUpdates.
+	TokenHosts    []string `protobuf:"bytes,6,rep,name=token_hosts,json=tokenHosts,proto3" json:"token_hosts,omitempty"`
+	TokenField    string   `protobuf:"bytes,7,opt,name=token_field,json=tokenField,proto3" json:"token_field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +326,27 @@ func (x *Secret) GetHeaders() []string {
 		return x.Headers
 	}
 	return nil
+}
+
+func (x *Secret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret) GetTokenHosts() []string {
+	if x != nil {
+		return x.TokenHosts
+	}
+	return nil
+}
+
+func (x *Secret) GetTokenField() string {
+	if x != nil {
+		return x.TokenField
+	}
+	return ""
 }
 
 type StartResponse struct {
@@ -1039,6 +1065,162 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{18}
 }
 
+type SecretUpdatesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	After         uint64                 `protobuf:"varint,1,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretUpdatesRequest) Reset() {
+	*x = SecretUpdatesRequest{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretUpdatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretUpdatesRequest) ProtoMessage() {}
+
+func (x *SecretUpdatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretUpdatesRequest.ProtoReflect.Descriptor instead.
+func (*SecretUpdatesRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SecretUpdatesRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+type SecretUpdatesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Updates       []*SecretUpdate        `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty"`
+	Ended         bool                   `protobuf:"varint,3,opt,name=ended,proto3" json:"ended,omitempty"` // the run has ended: no more will come
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretUpdatesResponse) Reset() {
+	*x = SecretUpdatesResponse{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretUpdatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretUpdatesResponse) ProtoMessage() {}
+
+func (x *SecretUpdatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretUpdatesResponse.ProtoReflect.Descriptor instead.
+func (*SecretUpdatesResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SecretUpdatesResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SecretUpdatesResponse) GetUpdates() []*SecretUpdate {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+func (x *SecretUpdatesResponse) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
+type SecretUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretUpdate) Reset() {
+	*x = SecretUpdate{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretUpdate) ProtoMessage() {}
+
+func (x *SecretUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretUpdate.ProtoReflect.Descriptor instead.
+func (*SecretUpdate) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SecretUpdate) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SecretUpdate) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 var File_api_shim_v1_shim_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_shim_proto_rawDesc = "" +
@@ -1057,12 +1239,17 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\x03run\x18\x04 \x01(\rR\x03run\"X\n" +
 	"\fStartRequest\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x126\n" +
-	"\asecrets\x18\x02 \x03(\v2\x1c.agentconnect.shim.v1.SecretR\asecrets\"p\n" +
+	"\asecrets\x18\x02 \x03(\v2\x1c.agentconnect.shim.v1.SecretR\asecrets\"\xc6\x01\n" +
 	"\x06Secret\x12 \n" +
 	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
 	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x18\n" +
-	"\aheaders\x18\x04 \x03(\tR\aheaders\"!\n" +
+	"\aheaders\x18\x04 \x03(\tR\aheaders\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x1f\n" +
+	"\vtoken_hosts\x18\x06 \x03(\tR\n" +
+	"tokenHosts\x12\x1f\n" +
+	"\vtoken_field\x18\a \x01(\tR\n" +
+	"tokenField\"!\n" +
 	"\rStartResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x0e\n" +
 	"\fStateRequest\"\xfc\x02\n" +
@@ -1103,13 +1290,24 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\fcpu_usage_ns\x18\x03 \x01(\x04R\n" +
 	"cpuUsageNs\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse*F\n" +
+	"\x10ShutdownResponse\",\n" +
+	"\x14SecretUpdatesRequest\x12\x14\n" +
+	"\x05after\x18\x01 \x01(\x04R\x05after\"\x8b\x01\n" +
+	"\x15SecretUpdatesResponse\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12<\n" +
+	"\aupdates\x18\x02 \x03(\v2\".agentconnect.shim.v1.SecretUpdateR\aupdates\x12\x14\n" +
+	"\x05ended\x18\x03 \x01(\bR\x05ended\"8\n" +
+	"\fSecretUpdate\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value*F\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\v\n" +
 	"\aRUNNING\x10\x02\x12\n" +
 	"\n" +
-	"\x06EXITED\x10\x032\x95\x06\n" +
+	"\x06EXITED\x10\x032\xff\x06\n" +
 	"\x04Shim\x12\\\n" +
 	"\tHandshake\x12&.agentconnect.shim.v1.HandshakeRequest\x1a'.agentconnect.shim.v1.HandshakeResponse\x12P\n" +
 	"\x05Start\x12\".agentconnect.shim.v1.StartRequest\x1a#.agentconnect.shim.v1.StartResponse\x12P\n" +
@@ -1121,7 +1319,8 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12'.agentconnect.shim.v1.CloseStdinRequest\x1a(.agentconnect.shim.v1.CloseStdinResponse\x12P\n" +
 	"\x05Stats\x12\".agentconnect.shim.v1.StatsRequest\x1a#.agentconnect.shim.v1.StatsResponse\x12Y\n" +
-	"\bShutdown\x12%.agentconnect.shim.v1.ShutdownRequest\x1a&.agentconnect.shim.v1.ShutdownResponseB<Z:github.com/agentconnect-md/agentconnect/api/shim/v1;shimv1b\x06proto3"
+	"\bShutdown\x12%.agentconnect.shim.v1.ShutdownRequest\x1a&.agentconnect.shim.v1.ShutdownResponse\x12h\n" +
+	"\rSecretUpdates\x12*.agentconnect.shim.v1.SecretUpdatesRequest\x1a+.agentconnect.shim.v1.SecretUpdatesResponseB<Z:github.com/agentconnect-md/agentconnect/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_shim_proto_rawDescOnce sync.Once
@@ -1136,7 +1335,7 @@ func file_api_shim_v1_shim_proto_rawDescGZIP() []byte {
 }
 
 var file_api_shim_v1_shim_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_api_shim_v1_shim_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentconnect.shim.v1.Status
 	(*HandshakeRequest)(nil),      // 1: agentconnect.shim.v1.HandshakeRequest
@@ -1158,37 +1357,43 @@ var file_api_shim_v1_shim_proto_goTypes = []any{
 	(*StatsResponse)(nil),         // 17: agentconnect.shim.v1.StatsResponse
 	(*ShutdownRequest)(nil),       // 18: agentconnect.shim.v1.ShutdownRequest
 	(*ShutdownResponse)(nil),      // 19: agentconnect.shim.v1.ShutdownResponse
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*SecretUpdatesRequest)(nil),  // 20: agentconnect.shim.v1.SecretUpdatesRequest
+	(*SecretUpdatesResponse)(nil), // 21: agentconnect.shim.v1.SecretUpdatesResponse
+	(*SecretUpdate)(nil),          // 22: agentconnect.shim.v1.SecretUpdate
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_api_shim_v1_shim_proto_depIdxs = []int32{
 	4,  // 0: agentconnect.shim.v1.StartRequest.secrets:type_name -> agentconnect.shim.v1.Secret
 	0,  // 1: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
-	20, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
-	20, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
-	20, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	1,  // 5: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
-	3,  // 6: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
-	6,  // 7: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
-	8,  // 8: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
-	10, // 9: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
-	12, // 10: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
-	14, // 11: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
-	16, // 12: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
-	18, // 13: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
-	2,  // 14: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
-	5,  // 15: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
-	7,  // 16: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
-	9,  // 17: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
-	11, // 18: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
-	13, // 19: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
-	15, // 20: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
-	17, // 21: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
-	19, // 22: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
-	14, // [14:23] is the sub-list for method output_type
-	5,  // [5:14] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	23, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
+	23, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
+	23, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	22, // 5: agentconnect.shim.v1.SecretUpdatesResponse.updates:type_name -> agentconnect.shim.v1.SecretUpdate
+	1,  // 6: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
+	3,  // 7: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
+	6,  // 8: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
+	8,  // 9: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
+	10, // 10: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
+	12, // 11: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
+	14, // 12: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
+	16, // 13: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
+	18, // 14: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
+	20, // 15: agentconnect.shim.v1.Shim.SecretUpdates:input_type -> agentconnect.shim.v1.SecretUpdatesRequest
+	2,  // 16: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
+	5,  // 17: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
+	7,  // 18: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
+	9,  // 19: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
+	11, // 20: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
+	13, // 21: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
+	15, // 22: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
+	17, // 23: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
+	19, // 24: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
+	21, // 25: agentconnect.shim.v1.Shim.SecretUpdates:output_type -> agentconnect.shim.v1.SecretUpdatesResponse
+	16, // [16:26] is the sub-list for method output_type
+	6,  // [6:16] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_shim_proto_init() }
@@ -1202,7 +1407,7 @@ func file_api_shim_v1_shim_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_shim_proto_rawDesc), len(file_api_shim_v1_shim_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -17,6 +17,7 @@ type ShimService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
+	SecretUpdates(context.Context, *SecretUpdatesRequest) (*SecretUpdatesResponse, error)
 }
 
 func RegisterShimService(srv *ttrpc.Server, svc ShimService) {
@@ -84,6 +85,13 @@ func RegisterShimService(srv *ttrpc.Server, svc ShimService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"SecretUpdates": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SecretUpdatesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SecretUpdates(ctx, &req)
 			},
 		},
 	})
@@ -166,6 +174,14 @@ func (c *shimClient) Stats(ctx context.Context, req *StatsRequest) (*StatsRespon
 func (c *shimClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*ShutdownResponse, error) {
 	var resp ShutdownResponse
 	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *shimClient) SecretUpdates(ctx context.Context, req *SecretUpdatesRequest) (*SecretUpdatesResponse, error) {
+	var resp SecretUpdatesResponse
+	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "SecretUpdates", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
