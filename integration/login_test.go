@@ -1,11 +1,9 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -179,15 +177,9 @@ func TestOAuthRefreshThroughTheProxy(t *testing.T) {
 			t.Errorf("run %d: the store holds refresh token %q, want the newest, %s (%v)", run, stored["claude-claude-refresh"], latest, err)
 		}
 		// Everything of the daemon's but the store: no token.
-		filepath.WalkDir(home, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || p == filepath.Join(home, "secrets", "secrets.json") {
-				return nil
-			}
-			if data, err := os.ReadFile(p); err == nil && bytes.Contains(data, []byte("real-")) {
-				t.Errorf("run %d: %s holds a real token", run, p)
-			}
-			return nil
-		})
+		for _, p := range filesHolding(t, home, []byte("real-")) {
+			t.Errorf("run %d: %s holds a real token", run, p)
+		}
 	}
 	check(1)
 	provider.mu.Lock()

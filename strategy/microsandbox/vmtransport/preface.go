@@ -111,7 +111,7 @@ func readLine(r io.Reader, max int) (string, error) {
 			continue
 		}
 		if err == io.EOF {
-			return "", fmt.Errorf("%w: connection closed after %d bytes, before the newline", ErrBadPreface, len(buf))
+			return "", fmt.Errorf("%w: connection closed after %d bytes, before the newline (%w)", ErrBadPreface, len(buf), io.ErrUnexpectedEOF)
 		}
 		if err != nil {
 			return "", err

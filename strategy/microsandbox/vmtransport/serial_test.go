@@ -72,7 +72,7 @@ func serveTestStreams(t *testing.T, l net.Listener) {
 	// purpose) are not the guest's; every handler is done before the test
 	// is, so that none reports after it.
 	report := func(format string, err error, args ...any) {
-		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe) || strings.Contains(err.Error(), "shutdown") {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe) || strings.Contains(err.Error(), "shutdown") {
 			return
 		}
 		t.Errorf(format, append(args, err)...)
