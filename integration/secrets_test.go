@@ -486,3 +486,40 @@ func selfSigned(t *testing.T) tls.Certificate {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// TestSecretStaysOutOfAVM: inside a microsandbox VM the bound variable
+// holds a placeholder; no process's environment and no file the guest can
+// write (its /etc, /run, /tmp, /root, /home, /var and the shares) holds
+// the value; the guest trusts the session CA through its system bundle and
+// the trust variables; and none of the VM's disks on the host holds it.
+func TestSecretStaysOutOfAVM(t *testing.T) {
+	requireMicrosandbox(t)
+	h, _ := startVMDaemon(t, "")
+	run(t, h, secretValue, "secret", "set", "claude", "--preset", "anthropic")
+	half := len(secretValue) / 2
+	// The value is put together inside from two halves, so that neither
+	// the command nor session.json holds it.
+	script := fmt.Sprintf(`printf 'key %%s\n' "$ANTHROPIC_API_KEY"
+n=$(for f in /proc/[0-9]*/environ; do tr '\0' '\n' < $f 2>/dev/null; done | while IFS= read -r kv; do printf %%s "${kv#*=}" | sha256sum; done | grep -c %s || true)
+echo "environ $n"
+v="$(printf %%s %s)$(printf %%s %s)"
+echo "assembled $(printf %%s "$v" | sha256sum | cut -c1-64)"
+echo "files $(grep -rlsF -e "$v" /etc /run /tmp /root /home /var "$PWD" "$HOME" 2>/dev/null | wc -l)"
+echo "bundle $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(grep -c 'BEGIN CERTIFICATE' /run/agentconnect/ca-bundle.pem)"
+echo "trust $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
+`, valueHash, secretValue[:half], secretValue[half:])
+	ok(t, h, "agent", "create", "vm", "--strategy", "microsandbox", "--secret", "ANTHROPIC_API_KEY=claude", "--", "sh", "-c", script)
+	_, out := startAndWait(t, h, "vm", "")
+	t.Logf("guest:\n%s", out)
+	for _, want := range []string{"key agentconnect-placeholder-", "environ 0\n", "assembled " + valueHash + "\n", "files 0\n",
+		"trust /run/agentconnect/ca-bundle.pem /run/agentconnect/ca-bundle.pem"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the guest's output lacks %q", want)
+		}
+	}
+	var sys, bundle int
+	if _, err := fmt.Sscanf(out[strings.Index(out, "bundle "):], "bundle %d %d", &sys, &bundle); err != nil || sys != bundle || sys < 2 {
+		t.Errorf("the system bundle holds %d certificates and the session's %d, want the same (the system's and the session CA): %v", sys, bundle, err)
+	}
+	checkNoValue(t, h)
+}
