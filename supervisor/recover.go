@@ -15,6 +15,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 )
 
 const (
@@ -120,7 +121,7 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 		log.Warn("session lost: its run never got a shim")
 		return ss
 	}
-	if !procstat.Alive(boot.PID, boot.StartTime) {
+	gone := func() *sessionState {
 		if st2, _ := dir.ReadStatus(); st2 != nil && st2.Run == rec.Run && st2.State != session.Running {
 			ss.setEnded(st2)
 			s.removeRunLeftovers(rec)
@@ -130,7 +131,15 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 		log.Warn("session lost: its shim is gone")
 		return ss
 	}
+	if !procstat.Alive(boot.PID, boot.StartTime) {
+		return gone()
+	}
 	if err := s.adopt(ss, boot); err != nil {
+		// A shim that closed the connection may be dying (killed just
+		// before this start): it is gone once it is, not unanswering.
+		if errors.Is(err, ttrpclite.ErrClosed) && diesWithin(boot.PID, boot.StartTime, time.Second) {
+			return gone()
+		}
 		pid := 0
 		if st != nil {
 			pid = st.PID
@@ -140,6 +149,18 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 		go s.readopt(ss, boot)
 	}
 	return ss
+}
+
+// diesWithin reports whether pid is dead, or dies within d.
+func diesWithin(pid int, startTime uint64, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for procstat.Alive(pid, startTime) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // adopt connects to a live shim and takes the session's state from it.

@@ -455,11 +455,7 @@ func (s *Supervisor) ended(ss *sessionState, st *session.Status) {
 // collectDeadShim decides what happened to a run whose shim connection
 // dropped: an exit the shim recorded, or a lost session, cleaned up.
 func (s *Supervisor) collectDeadShim(ss *sessionState, run uint32, shimPID int, shimStart uint64) {
-	deadline := time.Now().Add(shimExitWait)
-	for procstat.Alive(shimPID, shimStart) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if procstat.Alive(shimPID, shimStart) {
+	if !diesWithin(shimPID, shimStart, shimExitWait) {
 		// The shim lives but its connection broke: adopt it again.
 		boot, _ := ss.dir.ReadBootstrap()
 		if boot != nil && boot.PID == shimPID {

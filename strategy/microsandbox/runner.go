@@ -61,7 +61,8 @@ type vmRun struct {
 	helpers  []int                       // virtiofsd's bwrap processes
 	helperEx []<-chan syscall.WaitStatus // and their exits
 	launcher int                         // init, then bwrap around QEMU: killing it ends the VM
-	exited   <-chan syscall.WaitStatus   // the launcher's exit
+	exited   <-chan struct{}             // closed at the launcher's exit
+	status   syscall.WaitStatus          // the launcher's, once exited is closed
 	copiers  sync.WaitGroup              // the runtime's output streams
 	serial   *vmtransport.SerialClient
 	dialer   vmtransport.Dialer
@@ -146,17 +147,21 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	if execErr != "" {
 		return nil, shim.SandboxSetupError(errors.New(execErr))
 	}
-	vm.launcher, vm.exited = launcher, exitStatus
+	// The reaper delivers the exit once; every part of the run that waits
+	// for it (the boot, a failed start, the run's end) waits for this.
+	exited := make(chan struct{})
+	go func() { vm.status = <-exitStatus; close(exited) }()
+	vm.launcher, vm.exited = launcher, exited
 	st.Done("qemu")
 	fail := func(err error) (shim.Run, error) {
 		h.Signal(launcher, syscall.SIGKILL)
-		<-exitStatus
+		<-exited
 		if msg := vm.qemuErrors(); msg != "" {
 			err = fmt.Errorf("%w; qemu: %s", err, msg)
 		}
 		return nil, shim.SandboxSetupError(err)
 	}
-	if err := vm.connect(exitStatus); err != nil {
+	if err := vm.connect(exited); err != nil {
 		return fail(err)
 	}
 	st.Done("boot")
@@ -367,7 +372,7 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 
 // connect reaches the guest agent, retrying while the guest boots, until
 // Health answers, QEMU exits, or bootTimeout passes.
-func (vm *vmRun) connect(qemuExit <-chan syscall.WaitStatus) error {
+func (vm *vmRun) connect(qemuExit <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
 	go func() {
@@ -448,7 +453,7 @@ func (vm *vmRun) openStdio(ctx context.Context) (stdin, stdout, stderr net.Conn,
 // wait follows the run to its end: the runtime's exit reported by the
 // guest agent, then a clean power-off; or QEMU dying under it, which loses
 // the session.
-func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGroup) (state string, code int, reason string) {
+func (vm *vmRun) wait(qemuExit <-chan struct{}, copiers *sync.WaitGroup) (state string, code int, reason string) {
 	type result struct {
 		resp *vmagentv1.WaitResponse
 		err  error
@@ -476,10 +481,10 @@ func (vm *vmRun) wait(qemuExit <-chan syscall.WaitStatus, copiers *sync.WaitGrou
 			}
 			return session.Exited, int(r.resp.ExitCode), r.resp.Reason
 		}
-		ws := <-qemuExit
-		return session.Lost, -1, vm.deathReason(ws)
-	case ws := <-qemuExit:
-		return session.Lost, -1, vm.deathReason(ws)
+		<-qemuExit
+		return session.Lost, -1, vm.deathReason(vm.status)
+	case <-qemuExit:
+		return session.Lost, -1, vm.deathReason(vm.status)
 	}
 }
 
