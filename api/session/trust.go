@@ -8,7 +8,7 @@ const CABundlePath = "/run/agentconnect/ca-bundle.pem"
 // CAEnv points the usual tools' trust variables at CABundlePath.
 func CAEnv() []string {
 	var env []string
-	for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+	for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO"} {
 		env = append(env, k+"="+CABundlePath)
 	}
 	return env
