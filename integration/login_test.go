@@ -140,6 +140,12 @@ func TestOAuthRefreshThroughTheProxy(t *testing.T) {
 	if show := ok(t, home, "agent", "show", "claude"); !strings.Contains(show, "login:") || strings.Contains(show, "real-") {
 		t.Errorf("agent show:\n%s", show)
 	}
+	if ls := ok(t, home, "secret", "ls"); !strings.Contains(ls, hostPort+" (renews its refresh_token)") || !strings.Contains(ls, "claude-claude-access") {
+		t.Errorf("secret ls:\n%s", ls)
+	}
+	if r := run(t, home, "", "secret", "rm", "claude-claude-refresh"); r.code == 0 || !strings.Contains(r.stderr, "bound to agent claude") {
+		t.Errorf("secret rm of a login's secret: %+v", r)
+	}
 
 	check := func(run int) {
 		t.Helper()

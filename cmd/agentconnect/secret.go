@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -126,7 +127,11 @@ func newSecretListCommand(g *globals) *cobra.Command {
 					if hdrs == "" {
 						hdrs = "any"
 					}
-					rows = append(rows, []string{s.Name, strings.Join(s.Hosts, ","), hdrs, strings.Join(s.Agents, ",")})
+					hosts := slices.Clone(s.Hosts)
+					for _, h := range s.TokenHosts {
+						hosts = append(hosts, h+" (renews its "+s.TokenField+")")
+					}
+					rows = append(rows, []string{s.Name, strings.Join(hosts, ","), hdrs, strings.Join(s.Agents, ",")})
 				}
 				table(w, rows)
 			})
