@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 	"github.com/agentconnect-md/agentconnect/supervisor/secret"
 )
 
@@ -126,6 +128,38 @@ func (a *adminService) RemoveSecret(_ context.Context, req *adminv1.RemoveSecret
 }
 
 // secretToProto is a secret as the API shows it: never its value.
+func (a *adminService) ListRuntimes(context.Context, *adminv1.ListRuntimesRequest) (*adminv1.ListRuntimesResponse, error) {
+	resp := &adminv1.ListRuntimesResponse{}
+	for _, name := range runtimes.Names() {
+		in, ok := a.s.runtimes.Get(name)
+		resp.Runtimes = append(resp.Runtimes, a.runtimeToProto(name, in, ok))
+	}
+	return resp, nil
+}
+
+func (a *adminService) InstallRuntime(ctx context.Context, req *adminv1.InstallRuntimeRequest) (*adminv1.Runtime, error) {
+	in, err := a.s.runtimes.Install(ctx, req.Name, req.Update)
+	if err != nil {
+		a.s.log.WithError(err).WithField("runtime", req.Name).Warn("runtime install failed")
+		return nil, rpcstatus.ToStatus(err)
+	}
+	a.s.log.WithFields(map[string]any{"runtime": in.Name, "version": in.Version, "digest": in.Digest}).Info("runtime installed")
+	a.s.events.add(event{Type: "runtime.installed", Message: in.Name + " " + in.Version})
+	return a.runtimeToProto(req.Name, in, true), nil
+}
+
+func (a *adminService) runtimeToProto(name string, in runtimes.Installed, installed bool) *adminv1.Runtime {
+	r := runtimes.Known[name]
+	p := &adminv1.Runtime{Name: name, Package: r.Package, Version: r.Version, Installed: installed}
+	if installed {
+		dir := a.s.runtimes.Dir(in)
+		p.InstalledVersion, p.Digest, p.Dir = in.Version, in.Digest, dir
+		p.Command = append([]string{filepath.Join(dir, r.Entry)}, r.Args...)
+		p.InstalledAt = timestamppb.New(in.InstalledAt)
+	}
+	return p
+}
+
 func secretToProto(sec secret.Secret, agents []string) *adminv1.Secret {
 	return &adminv1.Secret{
 		Name: sec.Name, Hosts: sec.Hosts, Headers: sec.Headers, Preset: sec.Preset, Agents: agents,

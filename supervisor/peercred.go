@@ -260,6 +260,12 @@ func (r refusingAdmin) ListSecrets(context.Context, *adminv1.ListSecretsRequest)
 func (r refusingAdmin) RemoveSecret(context.Context, *adminv1.RemoveSecretRequest) (*adminv1.RemoveSecretResponse, error) {
 	return nil, r.err
 }
+func (r refusingAdmin) ListRuntimes(context.Context, *adminv1.ListRuntimesRequest) (*adminv1.ListRuntimesResponse, error) {
+	return nil, r.err
+}
+func (r refusingAdmin) InstallRuntime(context.Context, *adminv1.InstallRuntimeRequest) (*adminv1.Runtime, error) {
+	return nil, r.err
+}
 func (r refusingAdmin) StartSession(context.Context, *adminv1.StartSessionRequest) (*adminv1.Session, error) {
 	return nil, r.err
 }

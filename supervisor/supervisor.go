@@ -25,6 +25,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 	"github.com/agentconnect-md/agentconnect/supervisor/secret"
 )
 
@@ -71,6 +72,7 @@ type Supervisor struct {
 	socketDir string
 	store     agent.Store
 	secrets   *secret.Store
+	runtimes  *runtimes.Cache
 	events    *eventLog
 	log       *logrus.Logger
 	startedAt time.Time
@@ -160,6 +162,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	if s.secrets, err = secret.Open(s.layout.SecretsPath()); err != nil {
 		return nil, err
 	}
+	s.runtimes = runtimes.Open(s.layout.RuntimesDir())
 	if err := s.loadAgents(); err != nil {
 		return nil, err
 	}

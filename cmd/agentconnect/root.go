@@ -63,6 +63,7 @@ admin socket, found from the home: --home, $AGENTCONNECT_HOME, --instance NAME
 		newStopCommand(g),
 		newAgentCommand(g),
 		newSecretCommand(g),
+		newRuntimeCommand(g),
 		newSessionCommand(g),
 		newExecCommand(g),
 		newEventsCommand(g),

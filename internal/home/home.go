@@ -73,6 +73,7 @@ func (l Layout) SessionsDir() string { return filepath.Join(l.Root, "sessions") 
 func (l Layout) VMsDir() string      { return filepath.Join(l.Root, "vms") }
 func (l Layout) ImagesDir() string   { return filepath.Join(l.Root, "images") }
 func (l Layout) SecretsPath() string { return filepath.Join(l.Root, "secrets", "secrets.json") }
+func (l Layout) RuntimesDir() string { return filepath.Join(l.Root, "runtimes") }
 func (l Layout) RunDir() string      { return filepath.Join(l.Root, "run") }
 func (l Layout) LockPath() string    { return filepath.Join(l.Root, "run", "daemon.lock") }
 func (l Layout) AgentDir(id string) string {

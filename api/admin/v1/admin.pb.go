@@ -2798,6 +2798,247 @@ func (x *Event) GetExitCode() int32 {
 	return 0
 }
 
+// Runtime is a known ACP runtime and its place in the cache.
+type Runtime struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Name             string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Package          string                 `protobuf:"bytes,2,opt,name=package,proto3" json:"package,omitempty"` // on npm
+	Version          string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"` // the version this release pins
+	Installed        bool                   `protobuf:"varint,4,opt,name=installed,proto3" json:"installed,omitempty"`
+	InstalledVersion string                 `protobuf:"bytes,5,opt,name=installed_version,json=installedVersion,proto3" json:"installed_version,omitempty"`
+	Digest           string                 `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`   // sha256 of its package-lock.json: the tree's name
+	Dir              string                 `protobuf:"bytes,7,opt,name=dir,proto3" json:"dir,omitempty"`         // the installed tree
+	Command          []string               `protobuf:"bytes,8,rep,name=command,proto3" json:"command,omitempty"` // its ACP command, in the tree
+	InstalledAt      *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=installed_at,json=installedAt,proto3" json:"installed_at,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Runtime) Reset() {
+	*x = Runtime{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Runtime) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Runtime) ProtoMessage() {}
+
+func (x *Runtime) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Runtime.ProtoReflect.Descriptor instead.
+func (*Runtime) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Runtime) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Runtime) GetPackage() string {
+	if x != nil {
+		return x.Package
+	}
+	return ""
+}
+
+func (x *Runtime) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Runtime) GetInstalled() bool {
+	if x != nil {
+		return x.Installed
+	}
+	return false
+}
+
+func (x *Runtime) GetInstalledVersion() string {
+	if x != nil {
+		return x.InstalledVersion
+	}
+	return ""
+}
+
+func (x *Runtime) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *Runtime) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *Runtime) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *Runtime) GetInstalledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.InstalledAt
+	}
+	return nil
+}
+
+type ListRuntimesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuntimesRequest) Reset() {
+	*x = ListRuntimesRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuntimesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuntimesRequest) ProtoMessage() {}
+
+func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
+func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{45}
+}
+
+type ListRuntimesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Runtimes      []*Runtime             `protobuf:"bytes,1,rep,name=runtimes,proto3" json:"runtimes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuntimesResponse) Reset() {
+	*x = ListRuntimesResponse{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuntimesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuntimesResponse) ProtoMessage() {}
+
+func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
+func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListRuntimesResponse) GetRuntimes() []*Runtime {
+	if x != nil {
+		return x.Runtimes
+	}
+	return nil
+}
+
+type InstallRuntimeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Update        bool                   `protobuf:"varint,2,opt,name=update,proto3" json:"update,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstallRuntimeRequest) Reset() {
+	*x = InstallRuntimeRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstallRuntimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstallRuntimeRequest) ProtoMessage() {}
+
+func (x *InstallRuntimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstallRuntimeRequest.ProtoReflect.Descriptor instead.
+func (*InstallRuntimeRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *InstallRuntimeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InstallRuntimeRequest) GetUpdate() bool {
+	if x != nil {
+		return x.Update
+	}
+	return false
+}
+
 var File_api_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_admin_v1_admin_proto_rawDesc = "" +
@@ -3011,13 +3252,29 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x14\n" +
 	"\x05agent\x18\x04 \x01(\tR\x05agent\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x1b\n" +
-	"\texit_code\x18\x06 \x01(\x05R\bexitCode*8\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\"\x9f\x02\n" +
+	"\aRuntime\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\apackage\x18\x02 \x01(\tR\apackage\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12\x1c\n" +
+	"\tinstalled\x18\x04 \x01(\bR\tinstalled\x12+\n" +
+	"\x11installed_version\x18\x05 \x01(\tR\x10installedVersion\x12\x16\n" +
+	"\x06digest\x18\x06 \x01(\tR\x06digest\x12\x10\n" +
+	"\x03dir\x18\a \x01(\tR\x03dir\x12\x18\n" +
+	"\acommand\x18\b \x03(\tR\acommand\x12=\n" +
+	"\finstalled_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vinstalledAt\"\x15\n" +
+	"\x13ListRuntimesRequest\"R\n" +
+	"\x14ListRuntimesResponse\x12:\n" +
+	"\bruntimes\x18\x01 \x03(\v2\x1e.agentconnect.admin.v1.RuntimeR\bruntimes\"C\n" +
+	"\x15InstallRuntimeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06update\x18\x02 \x01(\bR\x06update*8\n" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x022\xba\x0f\n" +
+	"\x06STDERR\x10\x022\x83\x11\n" +
 	"\x05Admin\x12U\n" +
 	"\x06Status\x12$.agentconnect.admin.v1.StatusRequest\x1a%.agentconnect.admin.v1.StatusResponse\x12V\n" +
 	"\vCreateAgent\x12).agentconnect.admin.v1.CreateAgentRequest\x1a\x1c.agentconnect.admin.v1.Agent\x12V\n" +
@@ -3028,7 +3285,9 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\vDeleteAgent\x12).agentconnect.admin.v1.DeleteAgentRequest\x1a*.agentconnect.admin.v1.DeleteAgentResponse\x12S\n" +
 	"\tSetSecret\x12'.agentconnect.admin.v1.SetSecretRequest\x1a\x1d.agentconnect.admin.v1.Secret\x12d\n" +
 	"\vListSecrets\x12).agentconnect.admin.v1.ListSecretsRequest\x1a*.agentconnect.admin.v1.ListSecretsResponse\x12g\n" +
-	"\fRemoveSecret\x12*.agentconnect.admin.v1.RemoveSecretRequest\x1a+.agentconnect.admin.v1.RemoveSecretResponse\x12Z\n" +
+	"\fRemoveSecret\x12*.agentconnect.admin.v1.RemoveSecretRequest\x1a+.agentconnect.admin.v1.RemoveSecretResponse\x12g\n" +
+	"\fListRuntimes\x12*.agentconnect.admin.v1.ListRuntimesRequest\x1a+.agentconnect.admin.v1.ListRuntimesResponse\x12^\n" +
+	"\x0eInstallRuntime\x12,.agentconnect.admin.v1.InstallRuntimeRequest\x1a\x1e.agentconnect.admin.v1.Runtime\x12Z\n" +
 	"\fStartSession\x12*.agentconnect.admin.v1.StartSessionRequest\x1a\x1e.agentconnect.admin.v1.Session\x12\\\n" +
 	"\rResumeSession\x12+.agentconnect.admin.v1.ResumeSessionRequest\x1a\x1e.agentconnect.admin.v1.Session\x12g\n" +
 	"\fListSessions\x12*.agentconnect.admin.v1.ListSessionsRequest\x1a+.agentconnect.admin.v1.ListSessionsResponse\x12V\n" +
@@ -3058,7 +3317,7 @@ func file_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_api_admin_v1_admin_proto_goTypes = []any{
 	(Stream)(0),                   // 0: agentconnect.admin.v1.Stream
 	(*StatusRequest)(nil),         // 1: agentconnect.admin.v1.StatusRequest
@@ -3105,80 +3364,90 @@ var file_api_admin_v1_admin_proto_goTypes = []any{
 	(*OutputChunk)(nil),           // 42: agentconnect.admin.v1.OutputChunk
 	(*EventsRequest)(nil),         // 43: agentconnect.admin.v1.EventsRequest
 	(*Event)(nil),                 // 44: agentconnect.admin.v1.Event
-	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
+	(*Runtime)(nil),               // 45: agentconnect.admin.v1.Runtime
+	(*ListRuntimesRequest)(nil),   // 46: agentconnect.admin.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 47: agentconnect.admin.v1.ListRuntimesResponse
+	(*InstallRuntimeRequest)(nil), // 48: agentconnect.admin.v1.InstallRuntimeRequest
+	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
 }
 var file_api_admin_v1_admin_proto_depIdxs = []int32{
-	45, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	49, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: agentconnect.admin.v1.StatusResponse.strategies:type_name -> agentconnect.admin.v1.Strategy
 	3,  // 2: agentconnect.admin.v1.StatusResponse.cgroups:type_name -> agentconnect.admin.v1.Cgroups
 	5,  // 3: agentconnect.admin.v1.Agent.mounts:type_name -> agentconnect.admin.v1.Mount
 	6,  // 4: agentconnect.admin.v1.Agent.resources:type_name -> agentconnect.admin.v1.Resources
-	45, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	49, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
 	9,  // 6: agentconnect.admin.v1.Agent.secrets:type_name -> agentconnect.admin.v1.SecretBinding
 	8,  // 7: agentconnect.admin.v1.Agent.login:type_name -> agentconnect.admin.v1.Login
-	45, // 8: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
-	45, // 9: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	49, // 8: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
+	49, // 9: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
 	10, // 10: agentconnect.admin.v1.ListSecretsResponse.secrets:type_name -> agentconnect.admin.v1.Secret
 	7,  // 11: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 12: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 13: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
-	45, // 14: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	45, // 15: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	45, // 16: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
+	49, // 14: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	49, // 15: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	49, // 16: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
 	25, // 17: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
 	24, // 18: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
-	45, // 19: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
-	45, // 20: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
+	49, // 19: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
+	49, // 20: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
 	23, // 21: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
 	0,  // 22: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	45, // 23: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	1,  // 24: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	16, // 25: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	17, // 26: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	18, // 27: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	19, // 28: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	21, // 29: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	11, // 30: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
-	12, // 31: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
-	14, // 32: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
-	26, // 33: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	27, // 34: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	28, // 35: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	30, // 36: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	31, // 37: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	32, // 38: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	34, // 39: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	35, // 40: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	37, // 41: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	39, // 42: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	41, // 43: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	43, // 44: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 45: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 46: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 47: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 48: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	20, // 49: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	22, // 50: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	10, // 51: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
-	13, // 52: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
-	15, // 53: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
-	23, // 54: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	23, // 55: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	29, // 56: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	23, // 57: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	23, // 58: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	33, // 59: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	23, // 60: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	36, // 61: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	38, // 62: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	40, // 63: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	42, // 64: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	44, // 65: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	45, // [45:66] is the sub-list for method output_type
-	24, // [24:45] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	49, // 23: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	49, // 24: agentconnect.admin.v1.Runtime.installed_at:type_name -> google.protobuf.Timestamp
+	45, // 25: agentconnect.admin.v1.ListRuntimesResponse.runtimes:type_name -> agentconnect.admin.v1.Runtime
+	1,  // 26: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	16, // 27: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	17, // 28: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	18, // 29: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	19, // 30: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	21, // 31: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	11, // 32: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
+	12, // 33: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
+	14, // 34: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
+	46, // 35: agentconnect.admin.v1.Admin.ListRuntimes:input_type -> agentconnect.admin.v1.ListRuntimesRequest
+	48, // 36: agentconnect.admin.v1.Admin.InstallRuntime:input_type -> agentconnect.admin.v1.InstallRuntimeRequest
+	26, // 37: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	27, // 38: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	28, // 39: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	30, // 40: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	31, // 41: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	32, // 42: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	34, // 43: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	35, // 44: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	37, // 45: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	39, // 46: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	41, // 47: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	43, // 48: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	4,  // 49: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 50: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 51: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 52: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	20, // 53: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	22, // 54: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	10, // 55: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
+	13, // 56: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
+	15, // 57: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
+	47, // 58: agentconnect.admin.v1.Admin.ListRuntimes:output_type -> agentconnect.admin.v1.ListRuntimesResponse
+	45, // 59: agentconnect.admin.v1.Admin.InstallRuntime:output_type -> agentconnect.admin.v1.Runtime
+	23, // 60: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	23, // 61: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	29, // 62: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	23, // 63: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	23, // 64: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	33, // 65: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	23, // 66: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	36, // 67: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	38, // 68: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	40, // 69: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	42, // 70: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	44, // 71: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	49, // [49:72] is the sub-list for method output_type
+	26, // [26:49] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }
@@ -3192,7 +3461,7 @@ func file_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_admin_v1_admin_proto_rawDesc), len(file_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -17,6 +17,8 @@ type AdminService interface {
 	SetSecret(context.Context, *SetSecretRequest) (*Secret, error)
 	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
 	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
+	ListRuntimes(context.Context, *ListRuntimesRequest) (*ListRuntimesResponse, error)
+	InstallRuntime(context.Context, *InstallRuntimeRequest) (*Runtime, error)
 	StartSession(context.Context, *StartSessionRequest) (*Session, error)
 	ResumeSession(context.Context, *ResumeSessionRequest) (*Session, error)
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
@@ -122,6 +124,20 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 					return nil, err
 				}
 				return svc.RemoveSecret(ctx, &req)
+			},
+			"ListRuntimes": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListRuntimesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListRuntimes(ctx, &req)
+			},
+			"InstallRuntime": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req InstallRuntimeRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.InstallRuntime(ctx, &req)
 			},
 			"StartSession": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req StartSessionRequest
@@ -231,6 +247,8 @@ type AdminClient interface {
 	SetSecret(context.Context, *SetSecretRequest) (*Secret, error)
 	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
 	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
+	ListRuntimes(context.Context, *ListRuntimesRequest) (*ListRuntimesResponse, error)
+	InstallRuntime(context.Context, *InstallRuntimeRequest) (*Runtime, error)
 	StartSession(context.Context, *StartSessionRequest) (*Session, error)
 	ResumeSession(context.Context, *ResumeSessionRequest) (*Session, error)
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
@@ -322,6 +340,22 @@ func (c *adminClient) ListSecrets(ctx context.Context, req *ListSecretsRequest) 
 func (c *adminClient) RemoveSecret(ctx context.Context, req *RemoveSecretRequest) (*RemoveSecretResponse, error) {
 	var resp RemoveSecretResponse
 	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "RemoveSecret", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) ListRuntimes(ctx context.Context, req *ListRuntimesRequest) (*ListRuntimesResponse, error) {
+	var resp ListRuntimesResponse
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "ListRuntimes", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) InstallRuntime(ctx context.Context, req *InstallRuntimeRequest) (*Runtime, error) {
+	var resp Runtime
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "InstallRuntime", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
