@@ -127,7 +127,6 @@ func (a *adminService) RemoveSecret(_ context.Context, req *adminv1.RemoveSecret
 	return &adminv1.RemoveSecretResponse{}, nil
 }
 
-// secretToProto is a secret as the API shows it: never its value.
 func (a *adminService) ListRuntimes(context.Context, *adminv1.ListRuntimesRequest) (*adminv1.ListRuntimesResponse, error) {
 	resp := &adminv1.ListRuntimesResponse{}
 	for _, name := range runtimes.Names() {
@@ -160,6 +159,7 @@ func (a *adminService) runtimeToProto(name string, in runtimes.Installed, instal
 	return p
 }
 
+// secretToProto is a secret as the API shows it: never its value.
 func secretToProto(sec secret.Secret, agents []string) *adminv1.Secret {
 	return &adminv1.Secret{
 		Name: sec.Name, Hosts: sec.Hosts, Headers: sec.Headers, Preset: sec.Preset, Agents: agents,

@@ -132,19 +132,13 @@ func (in *Injector) CACertPEM() []byte { return in.ca.pem }
 // Binds reports whether a secret is bound to host:port (netpolicy.Binding:
 // 443 for a host named without a port): the proxy hands such connections to
 // Intercept and tunnels every other one untouched.
-func (in *Injector) Binds(host string, port int) bool {
-	for _, s := range in.secrets {
-		if s.hosts.TLS(host, port) || s.tokenHosts.TLS(host, port) {
-			return true
-		}
-	}
-	return false
-}
+func (in *Injector) Binds(host string, port int) bool { return in.bound(host, port, false) }
 
-// bindsPlain reports whether plain HTTP to host:port is bound.
-func (in *Injector) bindsPlain(host string, port int) bool {
+// bound reports whether host:port is bound, over plain HTTP or HTTPS, for
+// the swap or the renewal of a secret.
+func (in *Injector) bound(host string, port int, plain bool) bool {
 	for _, s := range in.secrets {
-		if s.hosts.Plain(host, port) || s.tokenHosts.Plain(host, port) {
+		if s.hosts.Binds(host, port, plain) || s.tokenHosts.Binds(host, port, plain) {
 			return true
 		}
 	}
@@ -155,7 +149,7 @@ func (in *Injector) bindsPlain(host string, port int) bool {
 func (in *Injector) renewedAt(host string, port int, plain bool) []*boundSecret {
 	var at []*boundSecret
 	for _, s := range in.secrets {
-		if plain && s.tokenHosts.Plain(host, port) || !plain && s.tokenHosts.TLS(host, port) {
+		if s.tokenHosts.Binds(host, port, plain) {
 			at = append(at, s)
 		}
 	}
@@ -178,7 +172,7 @@ func (in *Injector) value(s *boundSecret) string {
 func (in *Injector) swapRequest(h http.Header, host string, port int, plain bool) [][2][]byte {
 	var made [][2][]byte
 	for _, s := range in.secrets {
-		if bound := s.hosts.TLS(host, port); plain && !s.hosts.Plain(host, port) || !bound {
+		if !s.hosts.Binds(host, port, plain) {
 			continue
 		}
 		value := in.value(s)
@@ -285,7 +279,7 @@ func (in *Injector) Serve(ctx context.Context, client net.Conn, buffered []byte,
 	if first[0] != tlsHandshake {
 		var plain []string
 		for _, h := range hosts {
-			if in.bindsPlain(h, port) {
+			if in.bound(h, port, true) {
 				plain = append(plain, h)
 			}
 		}

@@ -366,8 +366,8 @@ func TestPlainHTTPOnlyWhereBoundExplicitly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !in.Binds("gateway.test", 8080) || in.Binds("gateway.test", 80) || !in.bindsPlain("gateway.test", 8080) || in.bindsPlain("example.com", 443) {
-		t.Fatal("Binds or bindsPlain judge the explicit port wrong")
+	if !in.Binds("gateway.test", 8080) || in.Binds("gateway.test", 80) || !in.bound("gateway.test", 8080, true) || in.bound("example.com", 443, true) {
+		t.Fatal("Binds or bound judge the explicit port wrong")
 	}
 	addr, _ := proxyStandIn(t, in, up.Listener.Addr().String(), []string{"gateway.test"}, 8080)
 	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("tcp", addr) }}

@@ -24,12 +24,13 @@ func NewBinding(hosts []string) (*Binding, error) {
 }
 
 // TLS reports whether HTTPS to host:port is bound.
-func (b *Binding) TLS(host string, port int) bool { return b.match(host, port, false) }
+func (b *Binding) TLS(host string, port int) bool { return b.Binds(host, port, false) }
 
 // Plain reports whether plain HTTP to host:port is bound.
-func (b *Binding) Plain(host string, port int) bool { return b.match(host, port, true) }
+func (b *Binding) Plain(host string, port int) bool { return b.Binds(host, port, true) }
 
-func (b *Binding) match(host string, port int, plain bool) bool {
+// Binds reports whether host:port is bound, over plain HTTP or HTTPS.
+func (b *Binding) Binds(host string, port int, plain bool) bool {
 	t, err := parseTarget(host)
 	if err != nil {
 		return false
