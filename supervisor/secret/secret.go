@@ -250,15 +250,9 @@ func (s *Store) Set(sec Secret) (Secret, error) {
 	if old, ok := s.secrets[sec.Name]; ok {
 		sec.CreatedAt = old.CreatedAt
 	}
-	next := make(map[string]Secret, len(s.secrets)+1)
-	for k, v := range s.secrets {
-		next[k] = v
-	}
-	next[sec.Name] = sec
-	if err := s.writeLocked(next); err != nil {
+	if err := s.commitLocked(sec.Name, &sec); err != nil {
 		return Secret{}, err
 	}
-	s.secrets = next
 	sec.Value = ""
 	return sec, nil
 }
@@ -280,16 +274,7 @@ func (s *Store) Renew(name string, value Value) error {
 		return nil
 	}
 	sec.UpdatedAt = time.Now().UTC()
-	next := make(map[string]Secret, len(s.secrets))
-	for k, v := range s.secrets {
-		next[k] = v
-	}
-	next[name] = sec
-	if err := s.writeLocked(next); err != nil {
-		return err
-	}
-	s.secrets = next
-	return nil
+	return s.commitLocked(name, &sec)
 }
 
 // Remove deletes a secret.
@@ -299,11 +284,20 @@ func (s *Store) Remove(name string) error {
 	if _, ok := s.secrets[name]; !ok {
 		return errdefs.NotFound("no secret named %q (secret ls lists them)", name)
 	}
-	next := make(map[string]Secret, len(s.secrets))
+	return s.commitLocked(name, nil)
+}
+
+// commitLocked sets secret name to sec (removes it when nil) on disk, then
+// in memory: a failed write changes nothing.
+func (s *Store) commitLocked(name string, sec *Secret) error {
+	next := make(map[string]Secret, len(s.secrets)+1)
 	for k, v := range s.secrets {
-		if k != name {
-			next[k] = v
-		}
+		next[k] = v
+	}
+	if sec != nil {
+		next[name] = *sec
+	} else {
+		delete(next, name)
 	}
 	if err := s.writeLocked(next); err != nil {
 		return err
