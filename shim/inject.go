@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -44,16 +45,12 @@ func (h *Host) StartInjector(trustedPEM string) (_ *Injector, caPEM []byte, retE
 	cfg := handoff.Config{RootCAsPEM: trustedPEM}
 	in := &Injector{h: h, log: h.Log()}
 	for _, s := range h.Secrets() {
-		b, err := netpolicy.NewBinding(s.Hosts)
+		// Its token hosts are bound too: the refresh goes there.
+		b, err := netpolicy.NewBinding(append(slices.Clone(s.Hosts), s.TokenHosts...))
 		if err != nil {
 			return nil, nil, fmt.Errorf("secret hosts: %w", err)
 		}
 		in.hosts = append(in.hosts, b)
-		tb, err := netpolicy.NewBinding(s.TokenHosts)
-		if err != nil {
-			return nil, nil, fmt.Errorf("secret token hosts: %w", err)
-		}
-		in.hosts = append(in.hosts, tb)
 		cfg.Secrets = append(cfg.Secrets, handoff.Secret{Placeholder: s.Placeholder, Value: s.Value, Hosts: s.Hosts, Headers: s.Headers,
 			TokenHosts: s.TokenHosts, TokenField: s.TokenField})
 	}

@@ -352,7 +352,7 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 			where = "the real tokens: host has no boundary"
 		}
 		fmt.Fprintf(w, "login:      %s, ~/%s from %s (%s)\n", l.Runtime, l.File,
-			strings.Join((&agent.Login{Template: l.Template}).LoginSecrets(), ", "), where)
+			strings.Join(loginSecrets(l), ", "), where)
 	}
 	if len(a.AllowCredentials) > 0 {
 		fmt.Fprintf(w, "credentials: %s shown where a mount holds them (every other one is absent inside)\n", strings.Join(a.AllowCredentials, ", "))

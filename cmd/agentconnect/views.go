@@ -90,6 +90,11 @@ type loginJSON struct {
 	Secrets []string `json:"secrets"`
 }
 
+// loginSecrets are the secrets a login's template holds.
+func loginSecrets(l *adminv1.Login) []string {
+	return (&agent.Login{Template: l.Template}).LoginSecrets()
+}
+
 type bindingJSON struct {
 	Env    string `json:"env"`
 	Secret string `json:"secret"`
@@ -213,7 +218,7 @@ func agentView(a *adminv1.Agent) agentJSON {
 		v.Secrets = append(v.Secrets, bindingJSON{Env: b.Env, Secret: b.Secret})
 	}
 	if l := a.Login; l != nil {
-		v.Login = &loginJSON{Runtime: l.Runtime, File: l.File, Secrets: list((&agent.Login{Template: l.Template}).LoginSecrets())}
+		v.Login = &loginJSON{Runtime: l.Runtime, File: l.File, Secrets: list(loginSecrets(l))}
 	}
 	for _, m := range a.Mounts {
 		v.Mounts = append(v.Mounts, mountJSON{Source: m.Source, Target: m.Target, ReadOnly: m.Readonly})
