@@ -139,7 +139,9 @@ func (c *Cache) Install(ctx context.Context, name string, force bool) (Installed
 		return Installed{}, fmt.Errorf("npm install %s@%s: package-lock.json: %w", r.Package, r.Version, err)
 	}
 	in := Installed{Name: name, Package: r.Package, Version: r.Version, Digest: digest, InstalledAt: time.Now().UTC()}
-	if err := os.Rename(tmp, c.Dir(in)); err != nil && !errors.Is(err, fs.ErrExist) && !isNotEmpty(err) {
+	// A tree in the store already for the same lock is the same tree:
+	// rename's EEXIST or ENOTEMPTY (both fs.ErrExist) keeps it.
+	if err := os.Rename(tmp, c.Dir(in)); err != nil && !errors.Is(err, fs.ErrExist) {
 		return Installed{}, fmt.Errorf("runtime cache: %w", err)
 	}
 	// Its files read-only from here: every session shares the tree (and
@@ -179,13 +181,6 @@ func lockDigest(lock []byte) (string, error) {
 	}
 	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:]), nil
-}
-
-// isNotEmpty is rename's answer when the tree is in the store already: the
-// same lock is the same tree.
-func isNotEmpty(err error) bool {
-	var le *os.LinkError
-	return errors.As(err, &le) && (errors.Is(le.Err, fs.ErrExist) || strings.Contains(le.Err.Error(), "directory not empty"))
 }
 
 func runNPM(ctx context.Context, dir string, args ...string) ([]byte, error) {
