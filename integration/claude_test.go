@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -11,37 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 )
-
-// claudeACPVersion is the claude-agent-acp the test runs, from npm.
-const claudeACPVersion = "0.23.1"
-
-// claudeACP installs claude-agent-acp (pinned) into a cache beside the
-// binaries and returns its node_modules directory.
-func claudeACP(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("npm"); err != nil {
-		t.Skip("npm is not installed (make deps installs it)")
-	}
-	dir := filepath.Join(binDir, "tools", "runtimes", "claude-agent-acp-"+claudeACPVersion)
-	mods := filepath.Join(dir, "node_modules")
-	if _, err := os.Stat(filepath.Join(mods, "@zed-industries", "claude-agent-acp", "dist", "index.js")); err == nil {
-		return mods
-	}
-	os.MkdirAll(dir, 0o755)
-	cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--prefix", dir, "@zed-industries/claude-agent-acp@"+claudeACPVersion)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm install claude-agent-acp@%s: %v\n%s", claudeACPVersion, err, out)
-	}
-	return mods
-}
 
 // fakeAnthropic is the Messages API, enough for one tool-using turn: a
 // prompt asking for a file gets a Write tool call, the tool's result gets
@@ -126,9 +98,10 @@ func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
 }
 
 // claudeTurnWithABoundKey runs the turn in strategy, with config keys
-// besides trustedCAFile.
+// besides trustedCAFile. The runtime is the known one, from the daemon's
+// runtime cache.
 func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
-	mods := claudeACP(t)
+	requireNPM(t)
 	home := newHome(t)
 	api := &fakeAnthropic{}
 	srv := httptest.NewTLSServer(api)
@@ -140,85 +113,19 @@ func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 	startDaemon(t, home)
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", port)
 	run(t, home, secretValue, "secret", "set", "claude", "--host", hostPort, "--header", "x-api-key", "--header", "authorization")
-	ok(t, home, "agent", "create", "claude", "--strategy", strategy, "--secret", "ANTHROPIC_API_KEY=claude",
-		"--allow-domain", hostPort, "--mount", mods+":/opt/acp/node_modules:ro",
-		"--env", "ANTHROPIC_BASE_URL=https://"+hostPort, "--env", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "--env", "DISABLE_AUTOUPDATER=1",
-		"--", "node", "/opt/acp/node_modules/@zed-industries/claude-agent-acp/dist/index.js")
+	ok(t, home, "agent", "create", "claude", "--strategy", strategy, "--runtime", "claude", "--secret", "ANTHROPIC_API_KEY=claude",
+		"--allow-domain", hostPort, "--env", "ANTHROPIC_BASE_URL=https://"+hostPort)
 	workspace := filepath.Join(agentDir(t, home, "claude"), "workspace")
 	api.target = filepath.Join(workspace, "hello.txt")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, agentconnect(), "--home", home, "exec", "claude")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	r := startACP(t, home, "claude")
+	r.diagnose = func() string {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return fmt.Sprintf("API calls: %v", api.paths)
 	}
-	defer func() {
-		// claude-agent-acp does not end at its stdin's end: exec passes
-		// SIGTERM on to it.
-		stdin.Close()
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	send := func(v map[string]any) {
-		v["jsonrpc"] = "2.0"
-		b, _ := json.Marshal(v)
-		stdin.Write(append(b, '\n'))
-	}
-	lines := bufio.NewScanner(stdout)
-	lines.Buffer(make([]byte, 1<<20), 16<<20)
-	// wait reads messages until the answer to id, answering the runtime's
-	// permission requests with its first allowing option.
-	wait := func(id int) map[string]any {
-		for lines.Scan() {
-			var m map[string]any
-			if json.Unmarshal(lines.Bytes(), &m) != nil {
-				continue
-			}
-			if m["method"] == "session/request_permission" {
-				option := "allow"
-				if p, ok := m["params"].(map[string]any); ok {
-					if opts, ok := p["options"].([]any); ok {
-						for _, o := range opts {
-							if om, ok := o.(map[string]any); ok && strings.HasPrefix(fmt.Sprint(om["kind"]), "allow") {
-								option = fmt.Sprint(om["optionId"])
-								break
-							}
-						}
-					}
-				}
-				send(map[string]any{"id": m["id"], "result": map[string]any{"outcome": map[string]any{"outcome": "selected", "optionId": option}}})
-				continue
-			}
-			if fmt.Sprint(m["id"]) == fmt.Sprint(id) && m["method"] == nil {
-				return m
-			}
-		}
-		t.Fatalf("the runtime ended before answering %d; stderr:\n%s\nAPI calls: %v", id, stderr.String(), api.paths)
-		return nil
-	}
-	began := time.Now()
-	send(map[string]any{"id": 1, "method": "initialize", "params": map[string]any{"protocolVersion": 1, "clientCapabilities": map[string]any{}}})
-	if r := wait(1); r["error"] != nil {
-		t.Fatalf("initialize: %v", r["error"])
-	}
-	send(map[string]any{"id": 2, "method": "session/new", "params": map[string]any{"cwd": workspace, "mcpServers": []any{}}})
-	r := wait(2)
-	res, _ := r["result"].(map[string]any)
-	if res == nil {
-		t.Fatalf("session/new: %v\nstderr:\n%s", r["error"], stderr.String())
-	}
-	send(map[string]any{"id": 3, "method": "session/prompt", "params": map[string]any{"sessionId": res["sessionId"],
-		"prompt": []any{map[string]any{"type": "text", "text": "WRITE-THE-FILE hello.txt, please"}}}})
-	t.Logf("session/new answered after %v", time.Since(began))
-	r = wait(3)
-	t.Logf("the turn ended after %v; API calls: %v", time.Since(began), api.paths)
-	if res, _ := r["result"].(map[string]any); res == nil || res["stopReason"] != "end_turn" {
-		t.Errorf("session/prompt: %v\nstderr:\n%s\nAPI calls: %v", r, stderr.String(), api.paths)
+	if stop := r.turn(workspace, "", "", "WRITE-THE-FILE hello.txt, please"); stop != "end_turn" {
+		t.Errorf("session/prompt stopped with %q\n%s", stop, r.diagnose())
 	}
 	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
 		t.Errorf("the tool's file: %q, %v", data, err)

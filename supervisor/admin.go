@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -55,22 +54,22 @@ func (a *adminService) Status(context.Context, *adminv1.StatusRequest) (*adminv1
 	return resp, nil
 }
 
-func (a *adminService) CreateAgent(_ context.Context, req *adminv1.CreateAgentRequest) (*adminv1.Agent, error) {
+func (a *adminService) CreateAgent(ctx context.Context, req *adminv1.CreateAgentRequest) (*adminv1.Agent, error) {
 	if req.Agent == nil {
 		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("no agent given"))
 	}
-	ag, err := a.s.createAgent(agentFromProto(req.Agent))
+	ag, err := a.s.createAgent(ctx, agentFromProto(req.Agent))
 	if err != nil {
 		return nil, rpcstatus.ToStatus(err)
 	}
 	return a.agentToProto(ag), nil
 }
 
-func (a *adminService) UpdateAgent(_ context.Context, req *adminv1.UpdateAgentRequest) (*adminv1.Agent, error) {
+func (a *adminService) UpdateAgent(ctx context.Context, req *adminv1.UpdateAgentRequest) (*adminv1.Agent, error) {
 	if req.Agent == nil {
 		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("no agent given"))
 	}
-	ag, err := a.s.updateAgent(req.Name, agentFromProto(req.Agent))
+	ag, err := a.s.updateAgent(ctx, req.Name, agentFromProto(req.Agent))
 	if err != nil {
 		return nil, rpcstatus.ToStatus(err)
 	}
@@ -153,7 +152,7 @@ func (a *adminService) runtimeToProto(name string, in runtimes.Installed, instal
 	if installed {
 		dir := a.s.runtimes.Dir(in)
 		p.InstalledVersion, p.Digest, p.Dir = in.Version, in.Digest, dir
-		p.Command = append([]string{filepath.Join(dir, r.Entry)}, r.Args...)
+		p.Command = r.Command(dir, nil)
 		p.InstalledAt = timestamppb.New(in.InstalledAt)
 	}
 	return p
@@ -332,6 +331,7 @@ func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
 	if l := ag.Login; l != nil {
 		p.Login = &adminv1.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
 	}
+	p.Runtime, p.RuntimeArgs = ag.Runtime, ag.RuntimeArgs
 	p.Offered, p.NotOffered = a.s.offered(ag)
 	return p
 }
@@ -355,6 +355,7 @@ func agentFromProto(p *adminv1.Agent) agent.Agent {
 	if l := p.Login; l != nil {
 		ag.Login = &agent.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
 	}
+	ag.Runtime, ag.RuntimeArgs = p.Runtime, p.RuntimeArgs
 	return ag
 }
 
@@ -363,7 +364,7 @@ func sessionToProto(v view) *adminv1.Session {
 		Id: v.ID, Agent: v.Agent, AgentId: v.AgentID, Strategy: string(v.Strategy), State: v.State,
 		Pid: uint32(v.PID), ExitCode: int32(v.ExitCode), Reason: v.Reason, Run: v.Run,
 		CreatedAt: timestamppb.New(v.CreatedAt), OutputBytes: uint64(v.OutputBytes), Command: v.Command,
-		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits,
+		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits, NativeSandbox: v.NativeSandbox,
 	}
 	if !v.StartedAt.IsZero() {
 		p.StartedAt = timestamppb.New(v.StartedAt)

@@ -1,8 +1,10 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/probe"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
 
 // NotOffered is what an agent whose strategy this daemon does not offer
@@ -97,29 +100,47 @@ func (s *Supervisor) checkStrategy(n strategy.Name) error {
 	return nil
 }
 
-func (s *Supervisor) createAgent(a agent.Agent) (agent.Agent, error) {
+func (s *Supervisor) createAgent(ctx context.Context, a agent.Agent) (agent.Agent, error) {
 	if err := agent.ValidateName(a.Name); err != nil {
 		return agent.Agent{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, err := s.agentByNameLocked(a.Name); err == nil {
-		return agent.Agent{}, errdefs.AlreadyExists("an agent named %q already exists (agent edit changes it)", a.Name)
 	}
 	a.ID = agent.NewID()
 	a.CreatedAt = time.Now().UTC()
 	a.RunInSandbox = nil
-	if a.Strategy == "" {
-		a.Strategy = probe.Default(s.probes)
+	a.AllowedDomains = withRuntimeDomains(a.AllowedDomains, a.Runtime)
+	check := func() error {
+		if _, err := s.agentByNameLocked(a.Name); err == nil {
+			return errdefs.AlreadyExists("an agent named %q already exists (agent edit changes it)", a.Name)
+		}
+		if a.Strategy == "" {
+			a.Strategy = probe.Default(s.probes)
+		}
+		if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
+			return err
+		}
+		if err := s.checkBindings(a); err != nil {
+			return err
+		}
+		if err := s.checkStrategy(a.Strategy); err != nil {
+			return fmt.Errorf("agent %s: %w", a.Name, err)
+		}
+		return nil
 	}
-	if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
+	s.mu.Lock()
+	err := check()
+	s.mu.Unlock()
+	if err != nil {
 		return agent.Agent{}, err
 	}
-	if err := s.checkBindings(a); err != nil {
-		return agent.Agent{}, err
-	}
-	if err := s.checkStrategy(a.Strategy); err != nil {
+	// A runtime is installed (once, minutes at most) before the agent
+	// exists, outside the lock; then everything is checked again.
+	if err := s.installRuntime(ctx, a.Runtime); err != nil {
 		return agent.Agent{}, fmt.Errorf("agent %s: %w", a.Name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := check(); err != nil {
+		return agent.Agent{}, err
 	}
 	if err := s.store.Create(&a); err != nil {
 		return agent.Agent{}, err
@@ -130,38 +151,87 @@ func (s *Supervisor) createAgent(a agent.Agent) (agent.Agent, error) {
 	return a, nil
 }
 
+// installRuntime puts the known runtime name in the cache unless it is
+// there; an empty name is no runtime.
+func (s *Supervisor) installRuntime(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	if _, ok := s.runtimes.Get(name); ok {
+		return nil
+	}
+	s.log.WithField("runtime", name).Info("installing the runtime for an agent")
+	in, err := s.runtimes.Install(ctx, name, false)
+	if err != nil {
+		return err
+	}
+	s.events.add(event{Type: "runtime.installed", Message: in.Name + " " + in.Version})
+	return nil
+}
+
+// withRuntimeDomains adds the hosts runtime's API and login need to
+// domains, those not there already.
+func withRuntimeDomains(domains []string, runtime string) []string {
+	for _, d := range runtimes.Known[runtime].Domains {
+		if !slices.Contains(domains, d) {
+			domains = append(domains, d)
+		}
+	}
+	return domains
+}
+
 // updateAgent replaces the settings of the agent called name with a's. Its
 // id, directory and creation time stay; running sessions keep the settings
-// they started with.
-func (s *Supervisor) updateAgent(name string, a agent.Agent) (agent.Agent, error) {
+// they started with. A runtime it did not have is installed first.
+func (s *Supervisor) updateAgent(ctx context.Context, name string, a agent.Agent) (agent.Agent, error) {
+	var old *agent.Agent
+	check := func() error {
+		var err error
+		if old, err = s.agentByNameLocked(name); err != nil {
+			return err
+		}
+		if a.Name != name {
+			if err := agent.ValidateName(a.Name); err != nil {
+				return err
+			}
+			if _, err := s.agentByNameLocked(a.Name); err == nil {
+				return errdefs.AlreadyExists("an agent named %q already exists", a.Name)
+			}
+		}
+		a.ID, a.CreatedAt, a.RunInSandbox = old.ID, old.CreatedAt, nil
+		if a.Strategy == "" {
+			a.Strategy = old.Strategy
+		}
+		if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
+			return err
+		}
+		if err := s.checkBindings(a); err != nil {
+			return err
+		}
+		if a.Strategy != old.Strategy {
+			if err := s.checkStrategy(a.Strategy); err != nil {
+				return fmt.Errorf("agent %s: %w", a.Name, err)
+			}
+		}
+		return nil
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	old, err := s.agentByNameLocked(name)
+	err := check()
+	newRuntime := err == nil && a.Runtime != old.Runtime
+	s.mu.Unlock()
 	if err != nil {
 		return agent.Agent{}, err
 	}
-	if a.Name != name {
-		if err := agent.ValidateName(a.Name); err != nil {
-			return agent.Agent{}, err
-		}
-		if _, err := s.agentByNameLocked(a.Name); err == nil {
-			return agent.Agent{}, errdefs.AlreadyExists("an agent named %q already exists", a.Name)
-		}
-	}
-	a.ID, a.CreatedAt, a.RunInSandbox = old.ID, old.CreatedAt, nil
-	if a.Strategy == "" {
-		a.Strategy = old.Strategy
-	}
-	if err := agent.Validate(&a, s.opts.Home, s.store.AgentDir(a.ID)); err != nil {
-		return agent.Agent{}, err
-	}
-	if err := s.checkBindings(a); err != nil {
-		return agent.Agent{}, err
-	}
-	if a.Strategy != old.Strategy {
-		if err := s.checkStrategy(a.Strategy); err != nil {
+	if newRuntime {
+		a.AllowedDomains = withRuntimeDomains(a.AllowedDomains, a.Runtime)
+		if err := s.installRuntime(ctx, a.Runtime); err != nil {
 			return agent.Agent{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := check(); err != nil {
+		return agent.Agent{}, err
 	}
 	if err := s.store.EnsureWorkspace(&a); err != nil {
 		return agent.Agent{}, errdefs.InvalidArgument("%v", err)

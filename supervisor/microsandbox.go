@@ -17,8 +17,9 @@ import (
 // vmSpec is the VM a microsandbox session of a runs in: the daemon's VM
 // settings with the agent's overrides, the image (the default one, or the
 // configured one prepared on first use), and the agent's directories and
-// mounts as virtiofs shares at their host paths.
-func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, error) {
+// mounts as virtiofs shares at their host paths, then the extra mounts the
+// supervisor adds (a runtime's tree).
+func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mount) (*session.VM, error) {
 	settings := s.cfg.VM
 	vm := &session.VM{
 		CPUs: settings.CPUs, MemoryMiB: settings.MemoryMiB, DiskGiB: settings.DiskGiB,
@@ -60,6 +61,9 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec) (*session.VM, erro
 	}
 	for i, m := range a.Mounts {
 		vm.Shares = append(vm.Shares, session.VMShare{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	for i, m := range extra {
+		vm.Shares = append(vm.Shares, session.VMShare{Tag: "runtime" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	vm.CredentialLayout = credentialLayout(a)
 	return vm, nil

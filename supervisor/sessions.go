@@ -25,6 +25,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
 
 const (
@@ -127,6 +128,13 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 		},
 		OutputLimitMiB: int64(s.cfg.OutputLimitMiB),
 	}
+	rt, err := s.runtimeFor(a)
+	if err != nil {
+		return session.Spec{}, runSecrets{}, err
+	}
+	if rt.name != "" {
+		spec.Command, spec.NativeSandbox = rt.command, rt.native
+	}
 	if len(command) > 0 {
 		spec.Command, spec.CommandOverride = command, true
 	}
@@ -144,11 +152,12 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
-	spec.Env = session.MergeEnv(runtimeEnv(a.Env, spec.Home, spec.Tmp), recorded)
+	spec.Env = session.MergeEnv(runtimeEnv(session.MergeEnv(rt.env, a.Env), spec.Home, spec.Tmp), recorded)
 	if a.Strategy == strategy.SRT {
 		// Its only network is the policy proxy on its loopback; the shim
 		// points the proxy variables at it.
 		spec.Sandbox = s.sandboxSpec(a, agentDir)
+		spec.Sandbox.Mounts = append(spec.Sandbox.Mounts, rt.mounts...)
 	}
 	if a.Strategy == strategy.Microsandbox {
 		// cpus and memory size the VM; the cgroup keeps only its pids limit.
@@ -161,7 +170,7 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 				a.Name, strings.Join(exposed, ", "), a.Name)
 		}
 		spec.Sandbox.Resolver = s.cfg.VM.Resolver
-		vm, err := s.vmSpec(a, spec)
+		vm, err := s.vmSpec(a, spec, rt.mounts)
 		if err != nil {
 			return session.Spec{}, runSecrets{}, err
 		}
@@ -181,6 +190,45 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 		spec.LimitsNote = describeLimits(l)
 	}
 	return spec, private, nil
+}
+
+// runtimeRun is how a run starts an agent's known runtime.
+type runtimeRun struct {
+	name    string
+	command []string
+	env     []string
+	mounts  []session.Mount // its tree and settings, read-only, where a boundary has one
+	native  string          // its own sandbox: on, or off and why
+}
+
+// runtimeFor is how a's runtime runs in a's strategy: on host from the
+// cache's tree itself, inside srt and microsandbox from the tree mounted
+// read-only at runtimes.Target. The zero runtimeRun for an agent without
+// a known runtime.
+func (s *Supervisor) runtimeFor(a agent.Agent) (runtimeRun, error) {
+	if a.Runtime == "" {
+		return runtimeRun{}, nil
+	}
+	rt := runtimes.Known[a.Runtime]
+	in, ok := s.runtimes.Get(a.Runtime)
+	if !ok {
+		return runtimeRun{}, errdefs.FailedPrecondition("agent %s: runtime %s is not in the runtime cache: agentconnect runtime install %s", a.Name, a.Runtime, a.Runtime)
+	}
+	ns, err := s.nativeSandboxFor(a)
+	if err != nil {
+		return runtimeRun{}, fmt.Errorf("agent %s: %w", a.Name, err)
+	}
+	run := runtimeRun{name: a.Runtime, env: rt.Env, native: ns.note}
+	args := append(slices.Clone(a.RuntimeArgs), ns.args...)
+	tree := s.runtimes.Dir(in)
+	if a.Strategy == strategy.Host {
+		run.command = rt.Command(tree, args)
+		return run, nil
+	}
+	target := runtimes.Target(a.Runtime)
+	run.command = rt.Command(target, args)
+	run.mounts = append([]session.Mount{{Source: tree, Target: target, ReadOnly: true}}, ns.mounts...)
+	return run, nil
 }
 
 func describeLimits(l session.Limits) string {

@@ -62,6 +62,7 @@ type view struct {
 	Command            []string
 	Cgroup             string
 	Limits             string
+	NativeSandbox      string
 }
 
 func (ss *sessionState) view() view {
@@ -70,7 +71,7 @@ func (ss *sessionState) view() view {
 		ID: ss.id, AgentID: ss.rec.AgentID, Agent: ss.rec.Agent, Strategy: ss.rec.Strategy,
 		State: ss.state, PID: ss.pid, ShimPID: ss.shimPID, ExitCode: ss.exitCode, Reason: ss.reason,
 		Run: ss.rec.Run, CreatedAt: ss.rec.CreatedAt, StartedAt: ss.startedAt, ExitedAt: ss.exitedAt,
-		Command: ss.rec.Spec.Command, Limits: ss.rec.Spec.LimitsNote,
+		Command: ss.rec.Spec.Command, Limits: ss.rec.Spec.LimitsNote, NativeSandbox: ss.rec.Spec.NativeSandbox,
 	}
 	if len(ss.rec.Spec.Cgroup) > 0 {
 		v.Cgroup = ss.rec.Spec.Cgroup[0]

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -123,7 +124,7 @@ func TestNotOfferedAgentIsRefused(t *testing.T) {
 
 func TestSandboxOffIsRefusedWithTheConfigsWords(t *testing.T) {
 	s := newTestSupervisor(t, `{"sandbox": {"srt": false}}`, nil)
-	_, err := s.createAgent(agent.Agent{Name: "x", Strategy: strategy.SRT, Command: []string{"true"}})
+	_, err := s.createAgent(context.Background(), agent.Agent{Name: "x", Strategy: strategy.SRT, Command: []string{"true"}})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sandbox.srt is off on this daemon") {
 		t.Errorf("createAgent(srt) = %v, want FailedPrecondition with the config's words", err)
 	}
@@ -131,7 +132,7 @@ func TestSandboxOffIsRefusedWithTheConfigsWords(t *testing.T) {
 
 func TestDefaultStrategy(t *testing.T) {
 	s := newTestSupervisor(t, "", nil)
-	a, err := s.createAgent(agent.Agent{Name: "x", Command: []string{"true"}})
+	a, err := s.createAgent(context.Background(), agent.Agent{Name: "x", Command: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func TestDefaultStrategy(t *testing.T) {
 	// With host off, a new agent gets the first available sandbox: simulate
 	// srt available, as the probe of a later build reports it.
 	s.probes = []probe.Result{{Name: strategy.Host, Reason: "off"}, {Name: strategy.SRT, Available: true}, {Name: strategy.Microsandbox, Available: true}}
-	a, err = s.createAgent(agent.Agent{Name: "y", Command: []string{"true"}})
+	a, err = s.createAgent(context.Background(), agent.Agent{Name: "y", Command: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
 	}

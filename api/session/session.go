@@ -57,6 +57,10 @@ type Spec struct {
 	Limits Limits   `json:"limits"`
 	// LimitsNote says what limits apply, or why none do, for status.
 	LimitsNote string `json:"limitsNote"`
+	// NativeSandbox says whether a known runtime's own tool sandbox runs
+	// inside the boundary ("on: ...") or why not ("off: ..."); empty for
+	// other runtimes.
+	NativeSandbox string `json:"nativeSandbox,omitempty"`
 	// OutputLimitMiB bounds output.log: the run that reaches it is stopped
 	// (0, from an older supervisor, means DefaultOutputLimitMiB).
 	OutputLimitMiB int64 `json:"outputLimitMiB"`

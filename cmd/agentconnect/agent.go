@@ -14,6 +14,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
 
 func newAgentCommand(g *globals) *cobra.Command {
@@ -29,6 +30,7 @@ func newAgentCommand(g *globals) *cobra.Command {
 // agentFlags are the settings create and edit share.
 type agentFlags struct {
 	strategy        string
+	runtime         string
 	workspace       string
 	sharedWorkspace string
 	mounts          []string
@@ -48,6 +50,7 @@ type agentFlags struct {
 
 func (f *agentFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.strategy, "strategy", "", "execution strategy: host, srt or microsandbox (default: host where it can run, else the first available sandbox)")
+	fs.StringVar(&f.runtime, "runtime", "", "run a known ACP runtime from the daemon's runtime cache ("+strings.Join(runtimes.Names(), ", ")+"), installed if it is not; the arguments after -- are added to its own; \"\" goes back to a command")
 	fs.StringVar(&f.workspace, "workspace", "", "the workspace, a directory inside the agent directory (default \"workspace\")")
 	fs.StringVar(&f.sharedWorkspace, "shared-workspace", "", "use this host directory as the workspace, declared as shared")
 	fs.StringArrayVar(&f.mounts, "mount", nil, "share a host path: SRC:DST[:ro|rw] or type=bind,src=S,dst=D[,readonly] (read-only unless rw; repeatable)")
@@ -70,6 +73,14 @@ func (f *agentFlags) apply(fs *pflag.FlagSet, a *adminv1.Agent) error {
 	changed := fs.Changed
 	if changed("strategy") {
 		a.Strategy = f.strategy
+	}
+	if changed("runtime") {
+		a.Runtime = f.runtime
+		if f.runtime != "" {
+			a.Command = nil
+		} else {
+			a.RuntimeArgs = nil
+		}
 	}
 	if changed("workspace") {
 		a.Workspace, a.SharedWorkspace = f.workspace, ""
@@ -179,22 +190,41 @@ func splitDash(cmd *cobra.Command, args []string) (positional, command []string)
 	return args, nil
 }
 
+// setCommand puts what followed -- in a: a known runtime's extra
+// arguments, or the command itself.
+func setCommand(a *adminv1.Agent, command []string) {
+	switch {
+	case len(command) == 0:
+	case a.Runtime != "":
+		a.RuntimeArgs = command
+	default:
+		a.Command = command
+	}
+}
+
 func newAgentCreateCommand(g *globals) *cobra.Command {
 	f := &agentFlags{}
 	var fromFile string
 	cmd := &cobra.Command{
-		Use:   "create NAME [flags] -- CMD [ARG...]",
-		Short: "Define an agent: a runtime command and the boundary its sessions run in",
-		Long: `Define an agent: its runtime command (after --) and the execution strategy its
-sessions run in, with its workspace, environment, mounts, network policy and limits.
+		Use:   "create NAME [flags] (--runtime NAME [-- EXTRA-ARG...] | -- CMD [ARG...])",
+		Short: "Define an agent: a runtime and the boundary its sessions run in",
+		Long: `Define an agent: its runtime and the execution strategy its sessions run in,
+with its workspace, environment, mounts, network policy and limits.
+
+The runtime is a known ACP runtime (--runtime claude|codex|gemini|opencode), or any
+ACP command after --. A known runtime runs from the daemon's runtime cache at the
+version this release pins (installed now if it is not: runtime ls shows the
+cache), read-only inside srt and microsandbox; its model API's hosts are added to
+the allowed domains, and the arguments after -- are added to its own.
 
 The agent gets a directory in the daemon home with workspace/, home/ (the
 runtime's private HOME), memory/ and tmp/ (its private TMPDIR). --workspace names
 a directory inside it; a workspace elsewhere must be declared with
 --shared-workspace. --from-file reads the settings from an agent.json; flags
 override it.`,
-		Example: `  agentconnect agent create claude -- claude-agent-acp
-  agentconnect agent create codex --strategy srt --allow-domain api.openai.com -- codex-acp
+		Example: `  agentconnect agent create claude --runtime claude --secret ANTHROPIC_API_KEY=anthropic
+  agentconnect agent create codex --strategy microsandbox --runtime codex
+  agentconnect agent create other --allow-domain api.example.com -- my-acp-runtime --stdio
   agentconnect agent create tools --mount /opt/tools:/opt/tools --env-file ./agent.env -- my-acp-runtime`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			positional, command := splitDash(cmd, args)
@@ -215,12 +245,10 @@ override it.`,
 			default:
 				return fmt.Errorf("too many arguments before --: %q (put the runtime command after --)", positional[1:])
 			}
-			if len(command) > 0 {
-				a.Command = command
-			}
 			if err := f.apply(cmd.Flags(), a); err != nil {
 				return err
 			}
+			setCommand(a, command)
 			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
@@ -255,7 +283,7 @@ func readAgentFile(path string) (*adminv1.Agent, error) {
 		return nil, fmt.Errorf("--from-file %s: %w", path, err)
 	}
 	a := &adminv1.Agent{
-		Name: v.Name, Strategy: v.Strategy, Command: v.Command, Env: v.Env, Workspace: v.Workspace,
+		Name: v.Name, Strategy: v.Strategy, Command: v.Command, Runtime: v.Runtime, RuntimeArgs: v.RuntimeArgs, Env: v.Env, Workspace: v.Workspace,
 		SharedWorkspace: v.SharedWorkspace, AllowedDomains: v.AllowedDomains, DeniedDomains: v.DeniedDomains,
 		NestedSandbox: v.NestedSandbox,
 		Resources: &adminv1.Resources{Cpus: uint32(v.Resources.CPUs), MemoryMib: uint32(v.Resources.MemoryMiB),
@@ -294,7 +322,11 @@ func newAgentListCommand(g *globals) *cobra.Command {
 					if a.SharedWorkspace != "" {
 						ws = a.SharedWorkspace + " (shared)"
 					}
-					rows = append(rows, []string{a.Name, strat, strings.Join(a.Command, " "), ws})
+					command := strings.Join(a.Command, " ")
+					if a.Runtime != "" {
+						command = strings.TrimSpace("runtime " + a.Runtime + " " + strings.Join(a.RuntimeArgs, " "))
+					}
+					rows = append(rows, []string{a.Name, strat, command, ws})
 				}
 				table(w, rows)
 			})
@@ -327,7 +359,11 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 	} else {
 		fmt.Fprintf(w, "strategy:   %s  %s\n", a.Strategy, a.NotOffered)
 	}
-	fmt.Fprintf(w, "command:    %s\n", strings.Join(a.Command, " "))
+	if a.Runtime != "" {
+		fmt.Fprintf(w, "runtime:    %s %s\n", a.Runtime, strings.Join(a.RuntimeArgs, " "))
+	} else {
+		fmt.Fprintf(w, "command:    %s\n", strings.Join(a.Command, " "))
+	}
 	if a.SharedWorkspace != "" {
 		fmt.Fprintf(w, "workspace:  %s (shared)\n", a.SharedWorkspace)
 	} else {
@@ -384,8 +420,8 @@ func newAgentEditCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "edit NAME [flags] [-- CMD [ARG...]]",
 		Short: "Change an agent's settings",
-		Long: `Change the settings given as flags (and the command, when given after --); the
-others stay. A list flag (--mount, --env, --allow-domain, --deny-domain) replaces
+		Long: `Change the settings given as flags (and the command, when given after --: for an
+agent of a known runtime, its extra arguments); the others stay. A list flag (--mount, --env, --allow-domain, --deny-domain) replaces
 the whole list. Running sessions keep the settings they started with.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			positional, command := splitDash(cmd, args)
@@ -401,15 +437,13 @@ the whole list. Running sessions keep the settings they started with.`,
 			if err != nil {
 				return err
 			}
-			if len(command) > 0 {
-				a.Command = command
-			}
 			if rename != "" {
 				a.Name = rename
 			}
 			if err := f.apply(cmd.Flags(), a); err != nil {
 				return err
 			}
+			setCommand(a, command)
 			updated, err := c.admin.UpdateAgent(cmd.Context(), &adminv1.UpdateAgentRequest{Name: positional[0], Agent: a})
 			if err != nil {
 				return err

@@ -101,6 +101,9 @@ token enters the boundary, and the next session starts with the new ones.`,
 				return err
 			}
 			if runtime == "" {
+				runtime = a.Runtime
+			}
+			if runtime == "" {
 				runtime = guessRuntime(a.Command)
 			}
 			p, ok := loginProfiles[runtime]

@@ -133,6 +133,9 @@ func printSessionText(w io.Writer, s *adminv1.Session) {
 	}
 	fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\n",
 		s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits)
+	if s.NativeSandbox != "" {
+		fmt.Fprintf(w, "native sandbox: %s\n", s.NativeSandbox)
+	}
 	if u := s.Usage; u != nil {
 		fmt.Fprintf(w, "usage:     %.1f MiB memory, %d pids, %.2f s cpu\n", float64(u.MemoryBytes)/(1<<20), u.Pids, float64(u.CpuUsageNs)/1e9)
 	}

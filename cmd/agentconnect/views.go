@@ -68,6 +68,8 @@ type agentJSON struct {
 	Offered          bool          `json:"offered"`
 	NotOffered       string        `json:"notOffered"`
 	Command          []string      `json:"command"`
+	Runtime          string        `json:"runtime"`
+	RuntimeArgs      []string      `json:"runtimeArgs"`
 	Env              []string      `json:"env"`
 	Secrets          []bindingJSON `json:"secrets"`
 	AllowCredentials []string      `json:"allowCredentials"`
@@ -122,24 +124,27 @@ func secretView(s *adminv1.Secret) secretJSON {
 }
 
 type sessionJSON struct {
-	ID          string    `json:"id"`
-	Agent       string    `json:"agent"`
-	AgentID     string    `json:"agentId"`
-	Strategy    string    `json:"strategy"`
-	State       string    `json:"state"`
-	PID         int       `json:"pid"`
-	ExitCode    int       `json:"exitCode"`
-	Reason      string    `json:"reason"`
-	Run         int       `json:"run"`
-	CreatedAt   string    `json:"createdAt"`
-	StartedAt   string    `json:"startedAt"`
-	ExitedAt    string    `json:"exitedAt"`
-	OutputBytes int64     `json:"outputBytes"`
-	Command     []string  `json:"command"`
-	ShimPID     int       `json:"shimPid"`
-	Cgroup      string    `json:"cgroup"`
-	Limits      string    `json:"limits"`
-	Usage       usageJSON `json:"usage"`
+	ID          string   `json:"id"`
+	Agent       string   `json:"agent"`
+	AgentID     string   `json:"agentId"`
+	Strategy    string   `json:"strategy"`
+	State       string   `json:"state"`
+	PID         int      `json:"pid"`
+	ExitCode    int      `json:"exitCode"`
+	Reason      string   `json:"reason"`
+	Run         int      `json:"run"`
+	CreatedAt   string   `json:"createdAt"`
+	StartedAt   string   `json:"startedAt"`
+	ExitedAt    string   `json:"exitedAt"`
+	OutputBytes int64    `json:"outputBytes"`
+	Command     []string `json:"command"`
+	ShimPID     int      `json:"shimPid"`
+	Cgroup      string   `json:"cgroup"`
+	Limits      string   `json:"limits"`
+	// NativeSandbox is a known runtime's own tool sandbox: "on: ..." or
+	// "off: <why>"; empty for other runtimes.
+	NativeSandbox string    `json:"nativeSandbox"`
+	Usage         usageJSON `json:"usage"`
 	// ViolationCount, Violations and ViolationsNotKept (`session show`):
 	// connections the network policy refused, every one counted; one
 	// entry per kind kept, the latest seen last; refusals of kinds beyond
@@ -210,7 +215,7 @@ func statusView(s *adminv1.StatusResponse) statusJSON {
 func agentView(a *adminv1.Agent) agentJSON {
 	v := agentJSON{
 		ID: a.Id, Name: a.Name, Strategy: a.Strategy, Offered: a.Offered, NotOffered: a.NotOffered,
-		Command: list(a.Command), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
+		Command: list(a.Command), Runtime: a.Runtime, RuntimeArgs: list(a.RuntimeArgs), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
 		Mounts: []mountJSON{}, AllowedDomains: list(a.AllowedDomains), DeniedDomains: list(a.DeniedDomains),
 		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{}, AllowCredentials: list(a.AllowCredentials),
 	}
@@ -235,7 +240,7 @@ func sessionView(s *adminv1.Session) sessionJSON {
 		PID: int(s.Pid), ExitCode: int(s.ExitCode), Reason: s.Reason, Run: int(s.Run),
 		CreatedAt: timeString(s.CreatedAt), StartedAt: timeString(s.StartedAt), ExitedAt: timeString(s.ExitedAt),
 		OutputBytes: int64(s.OutputBytes), Command: list(s.Command), ShimPID: int(s.ShimPid),
-		Cgroup: s.Cgroup, Limits: s.Limits,
+		Cgroup: s.Cgroup, Limits: s.Limits, NativeSandbox: s.NativeSandbox,
 	}
 	if u := s.Usage; u != nil {
 		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}

@@ -13,8 +13,13 @@ type Agent struct {
 	ID       string        `json:"id"`
 	Name     string        `json:"name"`
 	Strategy strategy.Name `json:"strategy"`
-	Command  []string      `json:"command"`
-	Env      []string      `json:"env"` // KEY=VALUE
+	// Command is the runtime to run, unless Runtime names a known one.
+	Command []string `json:"command"`
+	// Runtime is a known ACP runtime (runtime ls) run from the daemon's
+	// runtime cache, with RuntimeArgs after its own arguments.
+	Runtime     string   `json:"runtime,omitempty"`
+	RuntimeArgs []string `json:"runtimeArgs,omitempty"`
+	Env         []string `json:"env"` // KEY=VALUE
 	// Secrets bind variables to secrets of the daemon's store: the value on
 	// host, a placeholder of the session inside srt and microsandbox.
 	Secrets []SecretBinding `json:"secrets"`

@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
 
 var (
@@ -54,10 +56,24 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 			return errdefs.InvalidArgument("agent %s: %v", a.Name, err)
 		}
 	}
-	if len(a.Command) == 0 || a.Command[0] == "" {
-		return errdefs.InvalidArgument("agent %s: empty command: give the runtime to run after --, for example: agent create %s -- claude-agent-acp", a.Name, a.Name)
+	if a.Runtime != "" {
+		if _, ok := runtimes.Known[a.Runtime]; !ok {
+			return errdefs.InvalidArgument("agent %s: --runtime %q: no such runtime (known: %s); any other ACP command runs as agent create %s -- COMMAND",
+				a.Name, a.Runtime, strings.Join(runtimes.Names(), ", "), a.Name)
+		}
+		if len(a.Command) > 0 {
+			return errdefs.InvalidArgument("agent %s: both a command and --runtime %s: the arguments after -- are the runtime's extra arguments (runtimeArgs)", a.Name, a.Runtime)
+		}
+	} else {
+		if len(a.Command) == 0 || a.Command[0] == "" {
+			return errdefs.InvalidArgument("agent %s: empty command: name a known runtime with --runtime (%s), or give the runtime to run after --, for example: agent create %s -- my-acp-runtime",
+				a.Name, strings.Join(runtimes.Names(), ", "), a.Name)
+		}
+		if len(a.RuntimeArgs) > 0 {
+			return errdefs.InvalidArgument("agent %s: runtimeArgs without a runtime: put them in the command", a.Name)
+		}
 	}
-	for _, arg := range a.Command {
+	for _, arg := range append(slices.Clone(a.Command), a.RuntimeArgs...) {
 		if strings.ContainsRune(arg, 0) {
 			return errdefs.InvalidArgument("agent %s: command argument contains a NUL byte", a.Name)
 		}

@@ -34,14 +34,40 @@ type Runtime struct {
 	// Entry is the program to run, relative to the tree; Args follow it.
 	Entry string
 	Args  []string
+	// Env is set for every run, under the agent's own variables: the tree
+	// is read-only, so nothing may try to update it, and the boundary
+	// would refuse the runtime's telemetry hosts anyway.
+	Env []string
+	// Domains are the hosts its model API and login need, added to the
+	// allowed domains of an agent made with it (agent edit removes them).
+	Domains []string
 }
 
 // Known are the runtimes this release knows, by name.
 var Known = map[string]Runtime{
-	"claude":   {Name: "claude", Package: "@zed-industries/claude-agent-acp", Version: "0.23.1", Entry: "node_modules/.bin/claude-agent-acp"},
-	"codex":    {Name: "codex", Package: "@zed-industries/codex-acp", Version: "0.16.0", Entry: "node_modules/.bin/codex-acp"},
-	"gemini":   {Name: "gemini", Package: "@google/gemini-cli", Version: "0.61.0", Entry: "node_modules/.bin/gemini", Args: []string{"--experimental-acp"}},
-	"opencode": {Name: "opencode", Package: "opencode-ai", Version: "1.18.33", Entry: "node_modules/.bin/opencode", Args: []string{"acp"}},
+	"claude": {Name: "claude", Package: "@zed-industries/claude-agent-acp", Version: "0.23.1", Entry: "node_modules/.bin/claude-agent-acp",
+		Env:     []string{"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"},
+		Domains: []string{"api.anthropic.com", "platform.claude.com", "console.anthropic.com"}},
+	"codex": {Name: "codex", Package: "@zed-industries/codex-acp", Version: "0.16.0", Entry: "node_modules/.bin/codex-acp",
+		Domains: []string{"api.openai.com", "chatgpt.com", "auth.openai.com"}},
+	"gemini": {Name: "gemini", Package: "@google/gemini-cli", Version: "0.61.0", Entry: "node_modules/.bin/gemini", Args: []string{"--experimental-acp"},
+		Domains: []string{"generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"}},
+	"opencode": {Name: "opencode", Package: "opencode-ai", Version: "1.18.33", Entry: "node_modules/.bin/opencode", Args: []string{"acp"},
+		Env: []string{"OPENCODE_DISABLE_AUTOUPDATE=1"}},
+}
+
+// MountRoot is where srt and microsandbox show a runtime's tree, read-only:
+// MountRoot/<name>. The guest image keeps its own trees at the same place.
+const MountRoot = "/opt/agentconnect/runtimes"
+
+// Target is where runtime name's tree is inside a boundary.
+func Target(name string) string { return MountRoot + "/" + name }
+
+// Command is the command line of r run from its tree at root, with extra
+// (the agent's own arguments) after its own.
+func (r Runtime) Command(root string, extra []string) []string {
+	cmd := append([]string{root + "/" + r.Entry}, r.Args...)
+	return append(cmd, extra...)
 }
 
 // Names lists the known runtimes, sorted.

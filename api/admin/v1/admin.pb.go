@@ -546,7 +546,11 @@ type Agent struct {
 	AllowCredentials []string `protobuf:"bytes,18,rep,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
 	// A runtime's login (agent login): its credentials file, written into
 	// the agent's home for each run with placeholders for its tokens.
-	Login         *Login `protobuf:"bytes,19,opt,name=login,proto3" json:"login,omitempty"`
+	Login *Login `protobuf:"bytes,19,opt,name=login,proto3" json:"login,omitempty"`
+	// A known ACP runtime (runtime ls) run from the daemon's runtime cache
+	// instead of command, with runtime_args after its own arguments.
+	Runtime       string   `protobuf:"bytes,20,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	RuntimeArgs   []string `protobuf:"bytes,21,rep,name=runtime_args,json=runtimeArgs,proto3" json:"runtime_args,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -710,6 +714,20 @@ func (x *Agent) GetAllowCredentials() []string {
 func (x *Agent) GetLogin() *Login {
 	if x != nil {
 		return x.Login
+	}
+	return nil
+}
+
+func (x *Agent) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Agent) GetRuntimeArgs() []string {
+	if x != nil {
+		return x.RuntimeArgs
 	}
 	return nil
 }
@@ -1523,8 +1541,11 @@ type Session struct {
 	// reason; at most 256 kinds a session), the latest seen last.
 	Violations        []*Violation `protobuf:"bytes,20,rep,name=violations,proto3" json:"violations,omitempty"`
 	ViolationsNotKept uint64       `protobuf:"varint,21,opt,name=violations_not_kept,json=violationsNotKept,proto3" json:"violations_not_kept,omitempty"` // GetSession: refusals of a new kind once 256 kinds were kept
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A known runtime's own tool sandbox inside the boundary: "on: ..." or
+	// "off: <why>"; empty for other runtimes.
+	NativeSandbox string `protobuf:"bytes,22,opt,name=native_sandbox,json=nativeSandbox,proto3" json:"native_sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -1702,6 +1723,13 @@ func (x *Session) GetViolationsNotKept() uint64 {
 		return x.ViolationsNotKept
 	}
 	return 0
+}
+
+func (x *Session) GetNativeSandbox() string {
+	if x != nil {
+		return x.NativeSandbox
+	}
+	return ""
 }
 
 // Violation is a kind of connection the network policy refused.
@@ -3084,7 +3112,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
 	"\bdisk_gib\x18\x03 \x01(\rR\adiskGib\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xd2\x05\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\x8f\x06\n" +
 	"\x05Agent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -3107,7 +3135,9 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"notOffered\x12>\n" +
 	"\asecrets\x18\x11 \x03(\v2$.agentconnect.admin.v1.SecretBindingR\asecrets\x12+\n" +
 	"\x11allow_credentials\x18\x12 \x03(\tR\x10allowCredentials\x122\n" +
-	"\x05login\x18\x13 \x01(\v2\x1c.agentconnect.admin.v1.LoginR\x05login\"Q\n" +
+	"\x05login\x18\x13 \x01(\v2\x1c.agentconnect.admin.v1.LoginR\x05login\x12\x18\n" +
+	"\aruntime\x18\x14 \x01(\tR\aruntime\x12!\n" +
+	"\fruntime_args\x18\x15 \x03(\tR\vruntimeArgs\"Q\n" +
 	"\x05Login\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x1a\n" +
@@ -3158,7 +3188,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x1c.agentconnect.admin.v1.AgentR\x06agents\"(\n" +
 	"\x12DeleteAgentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteAgentResponse\"\xdb\x05\n" +
+	"\x13DeleteAgentResponse\"\x82\x06\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x19\n" +
@@ -3185,7 +3215,8 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"violations\x18\x14 \x03(\v2 .agentconnect.admin.v1.ViolationR\n" +
 	"violations\x12.\n" +
-	"\x13violations_not_kept\x18\x15 \x01(\x04R\x11violationsNotKept\"\xfc\x01\n" +
+	"\x13violations_not_kept\x18\x15 \x01(\x04R\x11violationsNotKept\x12%\n" +
+	"\x0enative_sandbox\x18\x16 \x01(\tR\rnativeSandbox\"\xfc\x01\n" +
 	"\tViolation\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x12\n" +

@@ -1,0 +1,212 @@
+package integration
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeOpenAI is the Responses API, streaming, enough for one tool-using
+// turn of Codex: a prompt asking for a file gets an exec_command call that
+// writes it; the call's output gets a message and the end of the turn. It
+// records the keys it was sent and the tool outputs it got back.
+type fakeOpenAI struct {
+	mu      sync.Mutex
+	keys    []string
+	paths   []string
+	outputs []string
+}
+
+func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.keys = append(f.keys, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+	f.paths = append(f.paths, r.Method+" "+r.URL.Path)
+	f.mu.Unlock()
+	if r.Method != "POST" || r.URL.Path != "/v1/responses" {
+		http.NotFound(w, r)
+		return
+	}
+	var req struct {
+		Input []map[string]any `json:"input"`
+	}
+	body, _ := io.ReadAll(r.Body)
+	json.Unmarshal(body, &req)
+	w.Header().Set("Content-Type", "text/event-stream")
+	event := func(typ string, v map[string]any) {
+		v["type"] = typ
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		w.(http.Flusher).Flush()
+	}
+	event("response.created", map[string]any{"response": map[string]any{"id": "resp_1"}})
+	var output string
+	for _, item := range req.Input {
+		if item["type"] == "function_call_output" {
+			output = fmt.Sprint(item["output"])
+		}
+	}
+	switch {
+	case output != "":
+		f.mu.Lock()
+		f.outputs = append(f.outputs, output)
+		f.mu.Unlock()
+		msg := map[string]any{"type": "message", "role": "assistant", "id": "msg_1", "content": []any{}}
+		event("response.output_item.added", map[string]any{"output_index": 0, "item": msg})
+		event("response.output_text.delta", map[string]any{"output_index": 0, "item_id": "msg_1", "content_index": 0, "delta": "The file is written."})
+		msg["content"] = []any{map[string]any{"type": "output_text", "text": "The file is written."}}
+		event("response.output_item.done", map[string]any{"output_index": 0, "item": msg})
+	case strings.Contains(string(body), "WRITE-THE-FILE"):
+		args, _ := json.Marshal(map[string]any{"cmd": `printf 'written by codex inside a boundary\n' > hello.txt`})
+		event("response.output_item.done", map[string]any{"output_index": 0, "item": map[string]any{
+			"type": "function_call", "id": "fc_1", "name": "exec_command", "arguments": string(args), "call_id": "call_1"}})
+	}
+	event("response.completed", map[string]any{"response": map[string]any{"id": "resp_1",
+		"usage": map[string]any{"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}}})
+}
+
+// TestCodexTurnInSRTWithABoundKey: a real Codex (codex-acp from npm, the
+// known runtime) completes a tool-using turn inside srt against a fake
+// Responses API on the host's loopback: its exec_command tool writes a
+// file in the workspace; the API gets the bound key's value, the runtime
+// only its placeholder.
+func TestCodexTurnInSRTWithABoundKey(t *testing.T) {
+	requireBwrap(t)
+	codexTurn(t, "srt", "")
+}
+
+// TestCodexTurnInMicrosandboxWithABoundKey: the same turn in a VM.
+func TestCodexTurnInMicrosandboxWithABoundKey(t *testing.T) {
+	requireMicrosandbox(t)
+	codexTurn(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
+}
+
+// TestCodexTurnOnHost: the same turn with no boundary, the key's value in
+// the runtime's environment.
+func TestCodexTurnOnHost(t *testing.T) {
+	codexTurn(t, "host", "")
+}
+
+func codexTurn(t *testing.T, strategy, config string) {
+	requireNPM(t)
+	home := newHome(t)
+	api := &fakeOpenAI{}
+	srv, caFile := tlsServerWithCA(t, api)
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
+	startDaemon(t, home)
+	// Inside a boundary the API is the host's loopback by its name; on host
+	// it is the loopback itself, whose certificate the runtime is told to
+	// trust as a user would (SSL_CERT_FILE).
+	apiHost := fmt.Sprintf("host.agentconnect.internal:%d", port)
+	extra := []string{"--allow-domain", apiHost}
+	if strategy == "host" {
+		apiHost = fmt.Sprintf("127.0.0.1:%d", port)
+		extra = []string{"--env", "SSL_CERT_FILE=" + caFile}
+	}
+	run(t, home, secretValue, "secret", "set", "openai", "--host", apiHost, "--header", "authorization")
+	ok(t, home, append([]string{"agent", "create", "codex", "--strategy", strategy, "--runtime", "codex",
+		"--secret", "OPENAI_API_KEY=openai"}, extra...)...)
+	dir := agentDir(t, home, "codex")
+	workspace := filepath.Join(dir, "workspace")
+	// The model provider, as a user points Codex at a gateway: config.toml
+	// in its home.
+	os.MkdirAll(filepath.Join(dir, "home", ".codex"), 0o700)
+	os.WriteFile(filepath.Join(dir, "home", ".codex", "config.toml"), []byte(fmt.Sprintf(`model_provider = "gateway"
+model = "gpt-5"
+
+[model_providers.gateway]
+name = "gateway"
+base_url = "https://%s/v1"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+`, apiHost)), 0o600)
+
+	r := startACP(t, home, "codex")
+	r.diagnose = func() string {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return fmt.Sprintf("API calls: %v; tool outputs: %q", api.paths, api.outputs)
+	}
+	// On host Codex's own settings apply: "auto" lets it edit the
+	// workspace. Inside srt and microsandbox without a nested sandbox, the
+	// daemon runs it without its own sandbox (which could not start).
+	mode := ""
+	if strategy == "host" {
+		mode = "auto"
+	}
+	if stop := r.turn(workspace, "openai-api-key", mode, "WRITE-THE-FILE hello.txt, please"); stop != "end_turn" {
+		t.Errorf("session/prompt stopped with %q\n%s", stop, r.diagnose())
+	}
+	if data, err := os.ReadFile(filepath.Join(workspace, "hello.txt")); err != nil || string(data) != "written by codex inside a boundary\n" {
+		t.Errorf("the tool's file: %q, %v\n%s", data, err, r.diagnose())
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if len(api.outputs) == 0 {
+		t.Fatalf("the tool's output never came back: %v", api.paths)
+	}
+	for i, k := range api.keys {
+		if k != secretValue {
+			t.Errorf("%s was sent key %q, want the value", api.paths[i], k)
+		}
+	}
+	if strategy != "host" {
+		checkNoValue(t, home)
+	}
+	var sess []struct{ NativeSandbox string }
+	json.Unmarshal([]byte(ok(t, home, "session", "ls", "--json")), &sess)
+	if len(sess) != 1 || !strings.HasPrefix(sess[0].NativeSandbox, "off: "+strategy) {
+		t.Errorf("the native sandbox, as session ls shows it: %+v", sess)
+	}
+}
+
+// tlsServerWithCA serves h over TLS on the loopback with a leaf certificate
+// of a CA of its own, whose PEM file it returns: rustls (Codex) refuses the
+// self-signed CA certificate httptest serves as a server's own.
+func tlsServerWithCA(t *testing.T, h http.Handler) (*httptest.Server, string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test API CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	caFile := filepath.Join(t.TempDir(), "api-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return srv, caFile
+}
