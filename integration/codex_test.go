@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -28,6 +29,7 @@ import (
 // writes it; the call's output gets a message and the end of the turn. It
 // records the keys it was sent and the tool outputs it got back.
 type fakeOpenAI struct {
+	cmd     string // the exec_command's command; empty: the default one
 	mu      sync.Mutex
 	keys    []string
 	paths   []string
@@ -73,7 +75,11 @@ func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		msg["content"] = []any{map[string]any{"type": "output_text", "text": "The file is written."}}
 		event("response.output_item.done", map[string]any{"output_index": 0, "item": msg})
 	case strings.Contains(string(body), "WRITE-THE-FILE"):
-		args, _ := json.Marshal(map[string]any{"cmd": `printf 'written by codex inside a boundary\n' > hello.txt`})
+		cmd := f.cmd
+		if cmd == "" {
+			cmd = `printf 'written by codex inside a boundary\n' > hello.txt`
+		}
+		args, _ := json.Marshal(map[string]any{"cmd": cmd})
 		event("response.output_item.done", map[string]any{"output_index": 0, "item": map[string]any{
 			"type": "function_call", "id": "fc_1", "name": "exec_command", "arguments": string(args), "call_id": "call_1"}})
 	}
@@ -88,34 +94,72 @@ func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // only its placeholder.
 func TestCodexTurnInSRTWithABoundKey(t *testing.T) {
 	requireBwrap(t)
-	codexTurn(t, "srt", "")
+	codexTurn(t, "srt", "", false)
+}
+
+// TestCodexOwnSandboxInNestedSRT: with nestedSandbox under an unprivileged
+// daemon, Codex's own sandbox runs inside srt: its tool writes the file in
+// the workspace, and is refused a write in /run, which srt alone allows.
+// (The test's daemon home is under /tmp, which Codex's workspace-write
+// allows as a whole.)
+func TestCodexOwnSandboxInNestedSRT(t *testing.T) {
+	requireRoot(t) // to make the unprivileged daemon's home
+	requireBwrap(t)
+	codexTurn(t, "srt", "", true)
 }
 
 // TestCodexTurnInMicrosandboxWithABoundKey: the same turn in a VM.
 func TestCodexTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	requireMicrosandbox(t)
-	codexTurn(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
+	codexTurn(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`, false)
 }
 
 // TestCodexTurnOnHost: the same turn with no boundary, the key's value in
 // the runtime's environment.
 func TestCodexTurnOnHost(t *testing.T) {
-	codexTurn(t, "host", "")
+	codexTurn(t, "host", "", false)
 }
 
-func codexTurn(t *testing.T, strategy, config string) {
+// codexTurn runs the turn in strategy with config keys besides
+// trustedCAFile; nested: with nestedSandbox, under a daemon running as
+// nobody, where Codex's own sandbox runs too.
+func codexTurn(t *testing.T, strategy, config string, nested bool) {
 	requireNPM(t)
-	home := newHome(t)
 	api := &fakeOpenAI{}
 	srv, caFile := tlsServerWithCA(t, api)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
-	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
-	startDaemon(t, home)
+	var home string
+	if nested {
+		home = nobodyHome(t)
+		// Readable by nobody; npm's cache the daemon's own.
+		b, _ := os.ReadFile(caFile)
+		caFile = filepath.Join(filepath.Dir(home), "api-ca.pem")
+		os.WriteFile(caFile, b, 0o644)
+		cache := filepath.Join(home, "npm-cache")
+		os.Mkdir(cache, 0o700)
+		os.Chown(cache, nobody, nobody)
+		t.Setenv("npm_config_cache", cache)
+		api.cmd = `printf 'written by codex inside a boundary\n' > hello.txt; touch /run/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
+	} else {
+		home = newHome(t)
+	}
+	cfg := writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
+	if nested {
+		os.Chown(cfg, nobody, nobody)
+		d := &daemon{t: t, home: home, cred: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		d.start()
+		t.Cleanup(d.cleanup)
+	} else {
+		startDaemon(t, home)
+	}
 	// Inside a boundary the API is the host's loopback by its name; on host
 	// it is the loopback itself, whose certificate the runtime is told to
 	// trust as a user would (SSL_CERT_FILE).
 	apiHost := fmt.Sprintf("host.agentconnect.internal:%d", port)
 	extra := []string{"--allow-domain", apiHost}
+	if nested {
+		extra = append(extra, "--nested-sandbox")
+	}
 	if strategy == "host" {
 		apiHost = fmt.Sprintf("127.0.0.1:%d", port)
 		extra = []string{"--env", "SSL_CERT_FILE=" + caFile}
@@ -137,6 +181,11 @@ base_url = "https://%s/v1"
 env_key = "OPENAI_API_KEY"
 wire_api = "responses"
 `, apiHost)), 0o600)
+	if nested {
+		for _, p := range []string{filepath.Join(dir, "home", ".codex"), filepath.Join(dir, "home", ".codex", "config.toml")} {
+			os.Chown(p, nobody, nobody)
+		}
+	}
 
 	r := startACP(t, home, "codex")
 	r.diagnose = func() string {
@@ -148,7 +197,7 @@ wire_api = "responses"
 	// workspace. Inside srt and microsandbox without a nested sandbox, the
 	// daemon runs it without its own sandbox (which could not start).
 	mode := ""
-	if strategy == "host" {
+	if strategy == "host" || nested {
 		mode = "auto"
 	}
 	if stop := r.turn(workspace, "openai-api-key", mode, "WRITE-THE-FILE hello.txt, please"); stop != "end_turn" {
@@ -172,8 +221,15 @@ wire_api = "responses"
 	}
 	var sess []struct{ NativeSandbox string }
 	json.Unmarshal([]byte(ok(t, home, "session", "ls", "--json")), &sess)
-	if len(sess) != 1 || !strings.HasPrefix(sess[0].NativeSandbox, "off: "+strategy) {
-		t.Errorf("the native sandbox, as session ls shows it: %+v", sess)
+	want := "off: " + strategy
+	if nested {
+		want = "on: "
+		if !strings.Contains(api.outputs[0], "RUN-REFUSED") {
+			t.Errorf("a write in /run, which srt alone allows and Codex's writable roots do not hold: %q", api.outputs[0])
+		}
+	}
+	if len(sess) != 1 || !strings.HasPrefix(sess[0].NativeSandbox, want) {
+		t.Errorf("the native sandbox, as session ls shows it: %+v, want %q...", sess, want)
 	}
 }
 
