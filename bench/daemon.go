@@ -47,6 +47,7 @@ type daemon struct {
 	srtUnavailable string
 	// inject are the loopback hosts of the injection measurement.
 	inject *injectHosts
+	chat   *chatAPI // the chat measurement's fake model API; nil if it did not start
 	// srtAgentDir is the srt agent's directory, srtBaseline what it held
 	// before its first session.
 	srtAgentDir string

@@ -5,7 +5,9 @@
 // and many srt sessions started, stopped and removed at once with nothing
 // left behind; and the microsandbox strategy under TCG with the serial
 // transport: boot to the guest agent's answer, start to the first output
-// byte, and the host memory of an idle VM session at several memoryMiB. It
+// byte, and the host memory of an idle VM session at several memoryMiB; and
+// `agentconnect chat` of a real Codex against a fake model API on loopback,
+// per strategy, to the first streamed token (needs npm). It
 // prints a table of measured numbers next to their goals and never fails on
 // a threshold (it exits 1 when a measurement fails, or when sessions leave
 // something behind).
@@ -55,7 +57,7 @@ var (
 )
 
 // groups name the sets of measurements -only selects.
-var groups = []string{"host", "srt", "microsandbox"}
+var groups = []string{"host", "srt", "microsandbox", "chat"}
 
 // selectedGroups returns the groups -only names, or all of them.
 func selectedGroups() ([]string, error) {
@@ -168,6 +170,16 @@ func run() int {
 		d.inject = hs
 		defer hs.close()
 		config = strings.Replace(vmConfig, "{", fmt.Sprintf(`{"trustedCAFile":%q,`, hs.caFile), 1)
+		// The chat measurement's API is trusted too: its CA after theirs.
+		if api, err := startChatAPI(); err == nil {
+			defer api.close()
+			if f, err := os.OpenFile(hs.caFile, os.O_APPEND|os.O_WRONLY, 0); err == nil {
+				if _, err := f.Write(api.caPEM); err == nil {
+					d.chat = api
+				}
+				f.Close()
+			}
+		}
 	}
 	if err := os.WriteFile(filepath.Join(home, "config.json"), []byte(config), 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -201,6 +213,7 @@ func run() int {
 		{"srt", "srt secret injection", benchSrtInject},
 		{"microsandbox", "microsandbox start", benchVMStart},
 		{"microsandbox", "microsandbox session memory", benchVMMemory},
+		{"chat", "chat to the first streamed token", benchChat},
 	}
 	if err := d.createAgent(ctx); err != nil {
 		rep.Errors = append(rep.Errors, "create the bench agent: "+err.Error())

@@ -23,6 +23,18 @@ type fakeAnthropic struct {
 	mu     sync.Mutex
 	keys   []string
 	paths  []string
+	// A prompt with STALL-THEN-WRITE waits for release (or for the
+	// runtime to give up on the call) before it is answered as
+	// WRITE-THE-FILE; stalled gets one value each time a call waits.
+	release chan struct{}
+	stalled chan struct{}
+	// gaveUp counts stalled calls the runtime abandoned.
+	gaveUp int
+}
+
+// newFakeAnthropic is a fake whose stalls wait for release.
+func newFakeAnthropic() *fakeAnthropic {
+	return &fakeAnthropic{release: make(chan struct{}), stalled: make(chan struct{}, 16)}
 }
 
 func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -39,12 +51,24 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Stream bool `json:"stream"`
 	}
 	json.Unmarshal(body, &req)
+	stall := strings.Contains(string(body), "STALL-THEN-WRITE") && !strings.Contains(string(body), `"tool_result"`)
+	if stall && f.release != nil {
+		f.stalled <- struct{}{}
+		select {
+		case <-f.release:
+		case <-r.Context().Done():
+			f.mu.Lock()
+			f.gaveUp++
+			f.mu.Unlock()
+			return
+		}
+	}
 	var blocks []map[string]any
 	stop := "end_turn"
 	switch {
 	case strings.Contains(string(body), `"tool_result"`):
 		blocks = []map[string]any{{"type": "text", "text": "The file is written."}}
-	case strings.Contains(string(body), "WRITE-THE-FILE"):
+	case stall || strings.Contains(string(body), "WRITE-THE-FILE"):
 		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": f.target, "content": "written by claude inside a boundary\n"}}}
 		stop = "tool_use"
 	default:
@@ -97,38 +121,46 @@ func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
 }
 
-// claudeTurnWithABoundKey runs the turn in strategy, with config keys
-// besides trustedCAFile. The runtime is the known one, from the daemon's
-// runtime cache.
-func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
+// claudeAgent is a daemon with a Claude Code agent "claude" in strategy
+// (config: keys besides trustedCAFile), its key bound from the secrets
+// store, talking to api; it returns the daemon and the workspace.
+func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*daemon, string) {
 	requireNPM(t)
 	home := newHome(t)
-	api := &fakeAnthropic{}
 	srv := httptest.NewTLSServer(api)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	caFile := filepath.Join(t.TempDir(), "api-ca.pem")
 	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
 	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
-	startDaemon(t, home)
+	d := startDaemon(t, home)
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", port)
 	run(t, home, secretValue, "secret", "set", "claude", "--host", hostPort, "--header", "x-api-key", "--header", "authorization")
 	ok(t, home, "agent", "create", "claude", "--strategy", strategy, "--runtime", "claude", "--secret", "ANTHROPIC_API_KEY=claude",
 		"--allow-domain", hostPort, "--env", "ANTHROPIC_BASE_URL=https://"+hostPort)
 	workspace := filepath.Join(agentDir(t, home, "claude"), "workspace")
 	api.target = filepath.Join(workspace, "hello.txt")
+	return d, workspace
+}
 
-	r := startACP(t, home, "claude")
-	r.diagnose = func() string {
+// claudeTurnWithABoundKey runs the turn in strategy, with config keys
+// besides trustedCAFile, through chat. The runtime is the known one, from
+// the daemon's runtime cache.
+func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
+	api := &fakeAnthropic{}
+	d, _ := claudeAgent(t, api, strategy, config)
+	c := startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
+	c.wait(0)
+	if stop := c.stopReason(); stop != "end_turn" {
 		api.mu.Lock()
-		defer api.mu.Unlock()
-		return fmt.Sprintf("API calls: %v", api.paths)
-	}
-	if stop := r.turn(workspace, "", "", "WRITE-THE-FILE hello.txt, please"); stop != "end_turn" {
-		t.Errorf("session/prompt stopped with %q\n%s", stop, r.diagnose())
+		t.Errorf("the turn stopped with %q; API calls: %v\n%s", stop, api.paths, c)
+		api.mu.Unlock()
 	}
 	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v", data, err)
+		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
+	}
+	if len(c.events("tool_call")) == 0 {
+		t.Errorf("no tool call was shown:\n%s", c)
 	}
 	api.mu.Lock()
 	defer api.mu.Unlock()
@@ -147,5 +179,5 @@ func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 	if calls == 0 {
 		t.Fatal("the Messages API was never called")
 	}
-	checkNoValue(t, home)
+	checkNoValue(t, d.home)
 }

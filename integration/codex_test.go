@@ -1,17 +1,9 @@
 package integration
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,7 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/testtls"
 )
 
 // fakeOpenAI is the Responses API, streaming, enough for one tool-using
@@ -187,24 +180,28 @@ wire_api = "responses"
 		}
 	}
 
-	r := startACP(t, home, "codex")
-	r.diagnose = func() string {
-		api.mu.Lock()
-		defer api.mu.Unlock()
-		return fmt.Sprintf("API calls: %v; tool outputs: %q", api.paths, api.outputs)
-	}
 	// On host Codex's own settings apply: "auto" lets it edit the
 	// workspace. Inside srt and microsandbox without a nested sandbox, the
 	// daemon runs it without its own sandbox (which could not start).
-	mode := ""
+	args := []string{"codex", "WRITE-THE-FILE hello.txt, please", "--yes", "--json"}
 	if strategy == "host" || nested {
-		mode = "auto"
+		args = append(args, "--mode", "auto")
 	}
-	if stop := r.turn(workspace, "openai-api-key", mode, "WRITE-THE-FILE hello.txt, please"); stop != "end_turn" {
-		t.Errorf("session/prompt stopped with %q\n%s", stop, r.diagnose())
+	c := startChat(t, home, "", args...)
+	c.wait(0)
+	diagnose := func() string {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return fmt.Sprintf("API calls: %v; tool outputs: %q\n%s", api.paths, api.outputs, c)
+	}
+	if stop := c.stopReason(); stop != "end_turn" {
+		t.Errorf("the turn stopped with %q\n%s", stop, diagnose())
 	}
 	if data, err := os.ReadFile(filepath.Join(workspace, "hello.txt")); err != nil || string(data) != "written by codex inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, r.diagnose())
+		t.Errorf("the tool's file: %q, %v\n%s", data, err, diagnose())
+	}
+	if len(c.events("tool_call")) == 0 {
+		t.Errorf("no tool call was shown:\n%s", diagnose())
 	}
 	api.mu.Lock()
 	defer api.mu.Unlock()
@@ -219,8 +216,9 @@ wire_api = "responses"
 	if strategy != "host" {
 		checkNoValue(t, home)
 	}
-	var sess []struct{ NativeSandbox string }
-	json.Unmarshal([]byte(ok(t, home, "session", "ls", "--json")), &sess)
+	// The session ended with the chat; chat showed what session show
+	// does.
+	sess := c.of("daemon_session")
 	want := "off: " + strategy
 	if nested {
 		want = "on: "
@@ -228,40 +226,22 @@ wire_api = "responses"
 			t.Errorf("a write in /run, which srt alone allows and Codex's writable roots do not hold: %q", api.outputs[0])
 		}
 	}
-	if len(sess) != 1 || !strings.HasPrefix(sess[0].NativeSandbox, want) {
-		t.Errorf("the native sandbox, as session ls shows it: %+v, want %q...", sess, want)
+	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), want) {
+		t.Errorf("the native sandbox, as chat shows it: %+v, want %q...", sess, want)
 	}
 }
 
-// tlsServerWithCA serves h over TLS on the loopback with a leaf certificate
-// of a CA of its own, whose PEM file it returns: rustls (Codex) refuses the
-// self-signed CA certificate httptest serves as a server's own.
+// tlsServerWithCA serves h over TLS on the loopback with a leaf
+// certificate of a CA of its own, whose PEM file it returns.
 func tlsServerWithCA(t *testing.T, h http.Handler) (*httptest.Server, string) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test API CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	srv, caPEM, err := testtls.NewServer(h)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leafTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(h)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}}}
-	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	caFile := filepath.Join(t.TempDir(), "api-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return srv, caFile

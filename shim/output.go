@@ -88,6 +88,17 @@ func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.Wait
 	}
 }
 
+// recordStdin keeps what was written to the runtime in the log, after the
+// write: a reader sees an answer no earlier than the runtime could have.
+func (s *service) recordStdin(p []byte) {
+	switch err := s.out.Write(outputlog.Stdin, p); {
+	case errors.Is(err, outputlog.ErrFull):
+		s.outputLimitReached()
+	case err != nil:
+		s.outputError(err)
+	}
+}
+
 // outputError logs an error writing the output log once, not once a write:
 // a full disk must not fill shim.log as well.
 func (s *service) outputError(err error) {

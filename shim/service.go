@@ -305,6 +305,9 @@ func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest)
 	stop := context.AfterFunc(ctx, func() { f.SetWriteDeadline(time.Now()) })
 	defer stop()
 	n, err := f.Write(req.Data)
+	if req.Record && n > 0 {
+		s.recordStdin(req.Data[:n])
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, syscall.EPIPE):

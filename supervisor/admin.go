@@ -260,7 +260,7 @@ func (a *adminService) WriteStdin(ctx context.Context, req *adminv1.WriteStdinRe
 	if len(req.Data) > shimv1.MaxStdinWrite {
 		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("stdin write of %d bytes is over the %d-byte limit: send it in pieces", len(req.Data), shimv1.MaxStdinWrite))
 	}
-	n, err := a.s.writeStdin(ctx, req.Id, req.Data)
+	n, err := a.s.writeStdin(ctx, req.Id, req.Data, req.Record)
 	if err != nil {
 		return nil, rpcstatus.ToStatus(err)
 	}
@@ -275,7 +275,7 @@ func (a *adminService) CloseStdin(ctx context.Context, req *adminv1.CloseStdinRe
 }
 
 func (a *adminService) Attach(ctx context.Context, req *adminv1.AttachRequest, srv adminv1.Admin_AttachServer) error {
-	return rpcstatus.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, srv.Send))
+	return rpcstatus.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, req.Stdin, srv.Send))
 }
 
 func (a *adminService) Events(ctx context.Context, req *adminv1.EventsRequest, srv adminv1.Admin_EventsServer) error {
@@ -365,6 +365,7 @@ func sessionToProto(v view) *adminv1.Session {
 		Pid: uint32(v.PID), ExitCode: int32(v.ExitCode), Reason: v.Reason, Run: v.Run,
 		CreatedAt: timestamppb.New(v.CreatedAt), OutputBytes: uint64(v.OutputBytes), Command: v.Command,
 		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits, NativeSandbox: v.NativeSandbox,
+		Workspace: v.Workspace,
 	}
 	if !v.StartedAt.IsZero() {
 		p.StartedAt = timestamppb.New(v.StartedAt)

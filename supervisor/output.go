@@ -16,8 +16,9 @@ import (
 // attach streams a session's output log from offset. With follow it goes on
 // until the run ends (and everything it wrote is sent), the session is
 // removed, or the client goes away. Output comes from the log file, never
-// through the shim's control connection.
-func (s *Supervisor) attach(ctx context.Context, id string, offset int64, follow bool, send func(*adminv1.OutputChunk) error) error {
+// through the shim's control connection. Recorded stdin is sent only when
+// asked for (withStdin).
+func (s *Supervisor) attach(ctx context.Context, id string, offset int64, follow, withStdin bool, send func(*adminv1.OutputChunk) error) error {
 	ss, err := s.lookupSession(id)
 	if err != nil {
 		return err
@@ -50,6 +51,9 @@ func (s *Supervisor) attach(ctx context.Context, id string, offset int64, follow
 	for {
 		rec, err := r.Next()
 		if err == nil {
+			if rec.Stream == outputlog.Stdin && !withStdin {
+				continue
+			}
 			if err := send(&adminv1.OutputChunk{
 				Offset: uint64(rec.Offset), NextOffset: uint64(rec.Next()),
 				Stream: adminv1.Stream(rec.Stream), Data: rec.Data,

@@ -735,7 +735,7 @@ func (s *Supervisor) removeSession(id string, force bool) error {
 	return nil
 }
 
-func (s *Supervisor) writeStdin(ctx context.Context, id string, data []byte) (int, error) {
+func (s *Supervisor) writeStdin(ctx context.Context, id string, data []byte, record bool) (int, error) {
 	ss, err := s.lookupSession(id)
 	if err != nil {
 		return 0, err
@@ -744,7 +744,7 @@ func (s *Supervisor) writeStdin(ctx context.Context, id string, data []byte) (in
 	if !ss.isRunning() || conn == nil {
 		return 0, errdefs.FailedPrecondition("session %s is not running", ss.id)
 	}
-	resp, err := conn.shim.WriteStdin(ctx, &shimv1.WriteStdinRequest{Data: data})
+	resp, err := conn.shim.WriteStdin(ctx, &shimv1.WriteStdinRequest{Data: data, Record: record})
 	if err != nil {
 		n := 0
 		if resp != nil {

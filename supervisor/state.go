@@ -63,6 +63,7 @@ type view struct {
 	Cgroup             string
 	Limits             string
 	NativeSandbox      string
+	Workspace          string
 }
 
 func (ss *sessionState) view() view {
@@ -72,6 +73,7 @@ func (ss *sessionState) view() view {
 		State: ss.state, PID: ss.pid, ShimPID: ss.shimPID, ExitCode: ss.exitCode, Reason: ss.reason,
 		Run: ss.rec.Run, CreatedAt: ss.rec.CreatedAt, StartedAt: ss.startedAt, ExitedAt: ss.exitedAt,
 		Command: ss.rec.Spec.Command, Limits: ss.rec.Spec.LimitsNote, NativeSandbox: ss.rec.Spec.NativeSandbox,
+		Workspace: ss.rec.Spec.Workspace,
 	}
 	if len(ss.rec.Spec.Cgroup) > 0 {
 		v.Cgroup = ss.rec.Spec.Cgroup[0]

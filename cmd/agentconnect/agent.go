@@ -360,7 +360,7 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 		fmt.Fprintf(w, "strategy:   %s  %s\n", a.Strategy, a.NotOffered)
 	}
 	if a.Runtime != "" {
-		fmt.Fprintf(w, "runtime:    %s %s\n", a.Runtime, strings.Join(a.RuntimeArgs, " "))
+		fmt.Fprintf(w, "runtime:    %s\n", strings.TrimSpace(a.Runtime+" "+strings.Join(a.RuntimeArgs, " ")))
 	} else {
 		fmt.Fprintf(w, "command:    %s\n", strings.Join(a.Command, " "))
 	}

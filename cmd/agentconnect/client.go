@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,6 +41,9 @@ func (e *errNoDaemon) Error() string {
 type client struct {
 	conn  *ttrpc.Client
 	admin adminv1.AdminClient
+	// gone is set once the connection ended (the daemon went away): a call
+	// on it could not reach the daemon.
+	gone atomic.Bool
 }
 
 func (c *client) Close() { c.conn.Close() }
@@ -52,8 +56,10 @@ func dial(ctx context.Context, socket string) (*client, error) {
 	if err != nil {
 		return nil, &errNoDaemon{socket: socket, err: unwrapSyscall(err)}
 	}
-	c := ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(boundedCall))
-	return &client{conn: c, admin: adminv1.NewAdminClient(c)}, nil
+	cl := &client{}
+	cl.conn = ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(boundedCall), ttrpc.WithOnClose(func() { cl.gone.Store(true) }))
+	cl.admin = adminv1.NewAdminClient(cl.conn)
+	return cl, nil
 }
 
 func boundedCall(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -139,46 +140,15 @@ func waitSession(ctx context.Context, g *globals, id string) (*adminv1.Session, 
 }
 
 // forwardStdin sends r to the session's stdin in acknowledged pieces, and
-// closes the session's stdin at r's end. A write that cannot have reached
-// the daemon is tried again after a restart; one whose fate is unknown is
-// not, so no input is ever doubled.
+// closes the session's stdin at r's end.
 func forwardStdin(ctx context.Context, g *globals, id string, r io.Reader, stderr io.Writer) {
+	w := &stdinWriter{ctx: ctx, g: g, id: id}
+	defer w.close()
 	buf := make([]byte, stdinChunk)
-	var c *client
-	defer func() {
-		if c != nil {
-			c.Close()
-		}
-	}()
-	call := func(f func(*client) error) error {
-		start := time.Now()
-		for {
-			if c == nil {
-				var err error
-				if c, err = g.connect(ctx); err != nil {
-					if time.Since(start) > reconnectFor || ctx.Err() != nil {
-						return err
-					}
-					time.Sleep(reconnectEvery)
-					continue
-				}
-			}
-			err := f(c)
-			if err != nil && retryable(err) {
-				c.Close()
-				c = nil
-			}
-			return err
-		}
-	}
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			err := call(func(c *client) error {
-				_, err := c.admin.WriteStdin(ctx, &adminv1.WriteStdinRequest{Id: id, Data: buf[:n]})
-				return err
-			})
-			if err != nil {
+			if _, err := w.Write(buf[:n]); err != nil {
 				if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
 					fmt.Fprintln(stderr, "agentconnect: stdin:", message(err))
 				}
@@ -186,11 +156,79 @@ func forwardStdin(ctx context.Context, g *globals, id string, r io.Reader, stder
 			}
 		}
 		if rerr != nil {
-			call(func(c *client) error {
+			w.call(func(c *client) error {
 				_, err := c.admin.CloseStdin(ctx, &adminv1.CloseStdinRequest{Id: id})
 				return err
 			})
 			return
 		}
+	}
+}
+
+// stdinWriter writes to a session's stdin through the daemon, in pieces the
+// API takes, each acknowledged. A write that cannot have reached the daemon
+// is tried again after a restart; one whose fate is unknown is not, so no
+// input is ever doubled. With record, the session's log keeps what was
+// written (chat's side of the conversation).
+type stdinWriter struct {
+	ctx    context.Context
+	g      *globals
+	id     string
+	record bool
+
+	mu sync.Mutex // one Write at a time: a message is not interleaved
+	c  *client
+}
+
+func (w *stdinWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	written := 0
+	for len(p) > 0 {
+		n := min(len(p), stdinChunk)
+		err := w.call(func(c *client) error {
+			_, err := c.admin.WriteStdin(w.ctx, &adminv1.WriteStdinRequest{Id: w.id, Data: p[:n], Record: w.record})
+			return err
+		})
+		if err != nil {
+			return written, err
+		}
+		written += n
+		p = p[n:]
+	}
+	return written, nil
+}
+
+// call runs f on a connection, connecting again (for reconnectFor) when the
+// daemon cannot be reached: a connection that ended before the call (a
+// restart in between) is replaced, since nothing sent on it can arrive.
+func (w *stdinWriter) call(f func(*client) error) error {
+	start := time.Now()
+	if w.c != nil && w.c.gone.Load() {
+		w.close()
+	}
+	for w.c == nil {
+		c, err := w.g.connect(w.ctx)
+		if err == nil {
+			w.c = c
+			break
+		}
+		if time.Since(start) > reconnectFor || w.ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(reconnectEvery)
+	}
+	err := f(w.c)
+	if err != nil && retryable(err) {
+		w.c.Close()
+		w.c = nil
+	}
+	return err
+}
+
+func (w *stdinWriter) close() {
+	if w.c != nil {
+		w.c.Close()
+		w.c = nil
 	}
 }

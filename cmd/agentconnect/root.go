@@ -66,6 +66,7 @@ admin socket, found from the home: --home, $AGENTCONNECT_HOME, --instance NAME
 		newRuntimeCommand(g),
 		newSessionCommand(g),
 		newExecCommand(g),
+		newChatCommand(g),
 		newEventsCommand(g),
 	)
 	return root

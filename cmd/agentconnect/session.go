@@ -131,8 +131,8 @@ func printSessionText(w io.Writer, s *adminv1.Session) {
 	if s.Reason != "" {
 		fmt.Fprintf(w, "reason:    %s\n", s.Reason)
 	}
-	fmt.Fprintf(w, "run:       %d\ncommand:   %s\noutput:    %d bytes\nlimits:    %s\n",
-		s.Run, strings.Join(s.Command, " "), s.OutputBytes, s.Limits)
+	fmt.Fprintf(w, "run:       %d\ncommand:   %s\nworkspace: %s\noutput:    %d bytes\nlimits:    %s\n",
+		s.Run, strings.Join(s.Command, " "), s.Workspace, s.OutputBytes, s.Limits)
 	if s.NativeSandbox != "" {
 		fmt.Fprintf(w, "native sandbox: %s\n", s.NativeSandbox)
 	}

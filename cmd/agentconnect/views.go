@@ -143,8 +143,10 @@ type sessionJSON struct {
 	Limits      string   `json:"limits"`
 	// NativeSandbox is a known runtime's own tool sandbox: "on: ..." or
 	// "off: <why>"; empty for other runtimes.
-	NativeSandbox string    `json:"nativeSandbox"`
-	Usage         usageJSON `json:"usage"`
+	NativeSandbox string `json:"nativeSandbox"`
+	// Workspace is the runtime's working directory, as it sees it.
+	Workspace string    `json:"workspace"`
+	Usage     usageJSON `json:"usage"`
 	// ViolationCount, Violations and ViolationsNotKept (`session show`):
 	// connections the network policy refused, every one counted; one
 	// entry per kind kept, the latest seen last; refusals of kinds beyond
@@ -240,7 +242,7 @@ func sessionView(s *adminv1.Session) sessionJSON {
 		PID: int(s.Pid), ExitCode: int(s.ExitCode), Reason: s.Reason, Run: int(s.Run),
 		CreatedAt: timeString(s.CreatedAt), StartedAt: timeString(s.StartedAt), ExitedAt: timeString(s.ExitedAt),
 		OutputBytes: int64(s.OutputBytes), Command: list(s.Command), ShimPID: int(s.ShimPid),
-		Cgroup: s.Cgroup, Limits: s.Limits, NativeSandbox: s.NativeSandbox,
+		Cgroup: s.Cgroup, Limits: s.Limits, NativeSandbox: s.NativeSandbox, Workspace: s.Workspace,
 	}
 	if u := s.Usage; u != nil {
 		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}

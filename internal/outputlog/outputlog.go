@@ -4,7 +4,8 @@
 // A record is a 16-byte header and a payload:
 //
 //	[0:2]  magic "AC"
-//	[2]    stream: 1 stdout, 2 stderr
+//	[2]    stream: 1 stdout, 2 stderr, 3 stdin (what was written to the
+//	       runtime, when the writer asked for it to be recorded)
 //	[3]    reserved, 0
 //	[4:8]  payload length, little endian
 //	[8:16] the record's own offset in the log, little endian
@@ -28,12 +29,13 @@ import (
 	"sync"
 )
 
-// Stream tells stdout from stderr.
+// Stream tells stdout from stderr, and both from recorded stdin.
 type Stream byte
 
 const (
 	Stdout Stream = 1
 	Stderr Stream = 2
+	Stdin  Stream = 3
 )
 
 func (s Stream) String() string {
@@ -42,6 +44,8 @@ func (s Stream) String() string {
 		return "stdout"
 	case Stderr:
 		return "stderr"
+	case Stdin:
+		return "stdin"
 	}
 	return fmt.Sprintf("stream(%d)", byte(s))
 }

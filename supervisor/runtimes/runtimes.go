@@ -41,6 +41,9 @@ type Runtime struct {
 	// Domains are the hosts its model API and login need, added to the
 	// allowed domains of an agent made with it (agent edit removes them).
 	Domains []string
+	// Auth is the ACP authentication method chat uses before session/new
+	// (an API key in the environment); empty: none needed.
+	Auth string
 }
 
 // Known are the runtimes this release knows, by name.
@@ -49,9 +52,9 @@ var Known = map[string]Runtime{
 		Env:     []string{"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"},
 		Domains: []string{"api.anthropic.com", "platform.claude.com", "console.anthropic.com"}},
 	"codex": {Name: "codex", Package: "@zed-industries/codex-acp", Version: "0.16.0", Entry: "node_modules/.bin/codex-acp",
-		Domains: []string{"api.openai.com", "chatgpt.com", "auth.openai.com"}},
+		Domains: []string{"api.openai.com", "chatgpt.com", "auth.openai.com"}, Auth: "openai-api-key"},
 	"gemini": {Name: "gemini", Package: "@google/gemini-cli", Version: "0.61.0", Entry: "node_modules/.bin/gemini", Args: []string{"--experimental-acp"},
-		Domains: []string{"generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"}},
+		Domains: []string{"generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"}, Auth: "gemini-api-key"},
 	"opencode": {Name: "opencode", Package: "opencode-ai", Version: "1.18.33", Entry: "node_modules/.bin/opencode", Args: []string{"acp"},
 		Env: []string{"OPENCODE_DISABLE_AUTOUPDATE=1"}},
 }

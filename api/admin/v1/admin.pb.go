@@ -30,6 +30,7 @@ const (
 	Stream_STREAM_UNSPECIFIED Stream = 0
 	Stream_STDOUT             Stream = 1
 	Stream_STDERR             Stream = 2
+	Stream_STDIN              Stream = 3 // written to the runtime, recorded on request
 )
 
 // Enum value maps for Stream.
@@ -38,11 +39,13 @@ var (
 		0: "STREAM_UNSPECIFIED",
 		1: "STDOUT",
 		2: "STDERR",
+		3: "STDIN",
 	}
 	Stream_value = map[string]int32{
 		"STREAM_UNSPECIFIED": 0,
 		"STDOUT":             1,
 		"STDERR":             2,
+		"STDIN":              3,
 	}
 )
 
@@ -1544,6 +1547,8 @@ type Session struct {
 	// A known runtime's own tool sandbox inside the boundary: "on: ..." or
 	// "off: <why>"; empty for other runtimes.
 	NativeSandbox string `protobuf:"bytes,22,opt,name=native_sandbox,json=nativeSandbox,proto3" json:"native_sandbox,omitempty"`
+	// The runtime's working directory, as it sees it (the agent's workspace).
+	Workspace     string `protobuf:"bytes,23,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1728,6 +1733,13 @@ func (x *Session) GetViolationsNotKept() uint64 {
 func (x *Session) GetNativeSandbox() string {
 	if x != nil {
 		return x.NativeSandbox
+	}
+	return ""
+}
+
+func (x *Session) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
 	}
 	return ""
 }
@@ -2395,9 +2407,12 @@ func (*RemoveSessionResponse) Descriptor() ([]byte, []int) {
 }
 
 type WriteStdinRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data  []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// record: keep what was written in the output log as STDIN records, so
+	// a client that attaches later knows the conversation (chat does).
+	Record        bool `protobuf:"varint,3,opt,name=record,proto3" json:"record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2444,6 +2459,13 @@ func (x *WriteStdinRequest) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *WriteStdinRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
 }
 
 type WriteStdinResponse struct {
@@ -2575,6 +2597,7 @@ type AttachRequest struct {
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"` // a record boundary of the log: 0, or a next_offset
 	Follow        bool                   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	Stdin         bool                   `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"` // also the STDIN records (what writes with record sent)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2626,6 +2649,13 @@ func (x *AttachRequest) GetOffset() uint64 {
 func (x *AttachRequest) GetFollow() bool {
 	if x != nil {
 		return x.Follow
+	}
+	return false
+}
+
+func (x *AttachRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
 	}
 	return false
 }
@@ -3188,7 +3218,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x1c.agentconnect.admin.v1.AgentR\x06agents\"(\n" +
 	"\x12DeleteAgentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteAgentResponse\"\x82\x06\n" +
+	"\x13DeleteAgentResponse\"\xa0\x06\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x19\n" +
@@ -3216,7 +3246,8 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"violations\x18\x14 \x03(\v2 .agentconnect.admin.v1.ViolationR\n" +
 	"violations\x12.\n" +
 	"\x13violations_not_kept\x18\x15 \x01(\x04R\x11violationsNotKept\x12%\n" +
-	"\x0enative_sandbox\x18\x16 \x01(\tR\rnativeSandbox\"\xfc\x01\n" +
+	"\x0enative_sandbox\x18\x16 \x01(\tR\rnativeSandbox\x12\x1c\n" +
+	"\tworkspace\x18\x17 \x01(\tR\tworkspace\"\xfc\x01\n" +
 	"\tViolation\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x12\n" +
@@ -3255,19 +3286,21 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x14RemoveSessionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x17\n" +
-	"\x15RemoveSessionResponse\"7\n" +
+	"\x15RemoveSessionResponse\"O\n" +
 	"\x11WriteStdinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\".\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x16\n" +
+	"\x06record\x18\x03 \x01(\bR\x06record\".\n" +
 	"\x12WriteStdinResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\rR\awritten\"#\n" +
 	"\x11CloseStdinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x14\n" +
-	"\x12CloseStdinResponse\"O\n" +
+	"\x12CloseStdinResponse\"e\n" +
 	"\rAttachRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06follow\x18\x03 \x01(\bR\x06follow\"\x91\x01\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x14\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\"\x91\x01\n" +
 	"\vOutputChunk\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x04R\n" +
@@ -3299,13 +3332,14 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\bruntimes\x18\x01 \x03(\v2\x1e.agentconnect.admin.v1.RuntimeR\bruntimes\"C\n" +
 	"\x15InstallRuntimeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06update\x18\x02 \x01(\bR\x06update*8\n" +
+	"\x06update\x18\x02 \x01(\bR\x06update*C\n" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x01\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x022\x83\x11\n" +
+	"\x06STDERR\x10\x02\x12\t\n" +
+	"\x05STDIN\x10\x032\x83\x11\n" +
 	"\x05Admin\x12U\n" +
 	"\x06Status\x12$.agentconnect.admin.v1.StatusRequest\x1a%.agentconnect.admin.v1.StatusResponse\x12V\n" +
 	"\vCreateAgent\x12).agentconnect.admin.v1.CreateAgentRequest\x1a\x1c.agentconnect.admin.v1.Agent\x12V\n" +

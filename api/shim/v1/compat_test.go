@@ -57,6 +57,7 @@ var pairs = []struct {
 	{&WaitResponse{ExitCode: 137, Reason: "", ExitedAt: time.Unix(-1, 5).UTC()},
 		&shimpb.WaitResponse{ExitCode: 137, ExitedAt: timestamppb.New(time.Unix(-1, 5))}},
 	{&WriteStdinRequest{Data: []byte("{\"jsonrpc\":\"2.0\"}\n\x00\xff")}, &shimpb.WriteStdinRequest{Data: []byte("{\"jsonrpc\":\"2.0\"}\n\x00\xff")}},
+	{&WriteStdinRequest{Data: []byte("{}\n"), Record: true}, &shimpb.WriteStdinRequest{Data: []byte("{}\n"), Record: true}},
 	{&WriteStdinResponse{Written: MaxStdinWrite}, &shimpb.WriteStdinResponse{Written: MaxStdinWrite}},
 	{&CloseStdinRequest{}, &shimpb.CloseStdinRequest{}},
 	{&CloseStdinResponse{}, &shimpb.CloseStdinResponse{}},

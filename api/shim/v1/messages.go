@@ -131,9 +131,13 @@ func (m *WaitResponse) fields() []field {
 // WriteStdinRequest is input for the runtime's stdin, MaxStdinWrite bytes at most.
 type WriteStdinRequest struct {
 	Data []byte
+	// Record appends what was written to the output log as stdin records.
+	Record bool
 }
 
-func (m *WriteStdinRequest) fields() []field { return []field{dataField(1, &m.Data)} }
+func (m *WriteStdinRequest) fields() []field {
+	return []field{dataField(1, &m.Data), boolField(2, &m.Record)}
+}
 
 // WriteStdinResponse says how much of it was written.
 type WriteStdinResponse struct {

@@ -740,6 +740,7 @@ func (x *WaitResponse) GetExitedAt() *timestamppb.Timestamp {
 type WriteStdinRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Record        bool                   `protobuf:"varint,2,opt,name=record,proto3" json:"record,omitempty"` // also append what was written to the output log (STDIN)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +780,13 @@ func (x *WriteStdinRequest) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *WriteStdinRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
 }
 
 type WriteStdinResponse struct {
@@ -1276,9 +1284,10 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\fWaitResponse\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x127\n" +
-	"\texited_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"'\n" +
+	"\texited_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"?\n" +
 	"\x11WriteStdinRequest\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\".\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x16\n" +
+	"\x06record\x18\x02 \x01(\bR\x06record\".\n" +
 	"\x12WriteStdinResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\rR\awritten\"\x13\n" +
 	"\x11CloseStdinRequest\"\x14\n" +
