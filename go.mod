@@ -3,6 +3,7 @@ module github.com/agentconnect-md/agentconnect
 go 1.26.8
 
 require (
+	github.com/coder/acp-go-sdk v0.13.0
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/containerd/ttrpc v1.2.10
 	github.com/coreos/go-systemd/v22 v22.7.0
@@ -24,7 +25,6 @@ require (
 
 require (
 	github.com/cilium/ebpf v0.16.0 // indirect
-	github.com/coder/acp-go-sdk v0.13.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
