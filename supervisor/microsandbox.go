@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
 
 // vmSpec is the VM a microsandbox session of a runs in: the daemon's VM
@@ -63,10 +65,21 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mo
 		vm.Shares = append(vm.Shares, session.VMShare{Tag: "mount" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	for i, m := range extra {
+		if imageHas(img.Runtimes, m.Target) {
+			continue // the image's own tree, at the pinned version
+		}
 		vm.Shares = append(vm.Shares, session.VMShare{Tag: "runtime" + strconv.Itoa(i), Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	vm.CredentialLayout = credentialLayout(a)
 	return vm, nil
+}
+
+// imageHas reports whether the image holds, at target, the tree of a known
+// runtime at the version this release pins: no share is needed for it.
+func imageHas(inImage map[string]string, target string) bool {
+	name, ok := strings.CutPrefix(target, runtimes.MountRoot+"/")
+	rt, known := runtimes.Known[name]
+	return ok && known && inImage[name] == rt.Package+"@"+rt.Version
 }
 
 // placeVM gives a run of a VM session its directories: its disks in

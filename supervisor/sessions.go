@@ -219,9 +219,18 @@ func (s *Supervisor) runtimeFor(a agent.Agent) (runtimeRun, error) {
 		return runtimeRun{}, fmt.Errorf("agent %s: %w", a.Name, err)
 	}
 	run := runtimeRun{name: a.Runtime, env: rt.Env, native: ns.note}
+	if a.Strategy == strategy.Microsandbox {
+		run.env = session.MergeEnv(rt.Env, rt.VMEnv)
+	}
 	args := append(slices.Clone(a.RuntimeArgs), ns.args...)
 	tree := s.runtimes.Dir(in)
 	if a.Strategy == strategy.Host {
+		if rt.RefusesRoot != "" && os.Geteuid() == 0 && !hasEnv(a.Env, rt.RootSwitch) {
+			return runtimeRun{}, errdefs.FailedPrecondition("agent %s: %s, and this daemon runs as root with no sandbox on host: "+
+				"run the daemon as an unprivileged user (the systemd unit runs as agentconnect), use --strategy srt or microsandbox, "+
+				"or, if this host is a disposable sandbox of its own, add %s=1 to the agent's env (agent edit %s --env, with its other variables: the list is replaced)",
+				a.Name, rt.RefusesRoot, rt.RootSwitch, a.Name)
+		}
 		run.command = rt.Command(tree, args)
 		return run, nil
 	}
@@ -229,6 +238,16 @@ func (s *Supervisor) runtimeFor(a agent.Agent) (runtimeRun, error) {
 	run.command = rt.Command(target, args)
 	run.mounts = append([]session.Mount{{Source: tree, Target: target, ReadOnly: true}}, ns.mounts...)
 	return run, nil
+}
+
+// hasEnv reports whether env (KEY=VALUE) sets key.
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == key {
+			return true
+		}
+	}
+	return false
 }
 
 func describeLimits(l session.Limits) string {

@@ -327,6 +327,9 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if err := step("switch root", switchRoot(root)); err != nil {
 		return err
 	}
+	if plan.docker != "" {
+		startDocker(logf)
+	}
 	logf("setup done in %v", time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -44,7 +44,10 @@ type ImageResponse struct {
 	Initrd string `json:"initrd"`
 	Rootfs string `json:"rootfs"`
 	Digest string `json:"digest"`
-	Error  string `json:"error,omitempty"`
+	// Runtimes are the known runtimes the image holds, "package@version"
+	// by name: the daemon mounts no runtime tree the image has.
+	Runtimes map[string]string `json:"runtimes,omitempty"`
+	Error    string            `json:"error,omitempty"`
 }
 
 // maxAnswer bounds what a helper's answer may be.

@@ -46,13 +46,16 @@ digest of its package-lock.json, which every agent of that runtime shares.`,
 }
 
 func newRuntimeListCommand(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, known bool
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List the known runtimes: the pinned version, and what the cache holds",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if known {
+				return printKnownRuntimes(cmd.OutOrStdout(), asJSON)
+			}
 			return callAndPrint(cmd, g, asJSON, func(ctx context.Context, c adminv1.AdminClient) (*adminv1.ListRuntimesResponse, error) {
 				return c.ListRuntimes(ctx, &adminv1.ListRuntimesRequest{})
 			}, func(resp *adminv1.ListRuntimesResponse) any {
@@ -75,7 +78,24 @@ func newRuntimeListCommand(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&known, "known", false, "the runtimes this binary pins, without asking a daemon (what make image installs in the guest image)")
 	return cmd
+}
+
+// printKnownRuntimes lists runtimes.Known: name, package, pinned version.
+func printKnownRuntimes(w io.Writer, asJSON bool) error {
+	out := []runtimeJSON{}
+	rows := [][]string{{"NAME", "PACKAGE", "PINNED"}}
+	for _, n := range runtimes.Names() {
+		r := runtimes.Known[n]
+		out = append(out, runtimeJSON{Name: r.Name, Package: r.Package, Version: r.Version, Command: r.Command(runtimes.Target(n), nil)})
+		rows = append(rows, []string{r.Name, r.Package, r.Version})
+	}
+	if asJSON {
+		return printJSON(w, out)
+	}
+	table(w, rows)
+	return nil
 }
 
 func newRuntimeInstallCommand(g *globals, update bool) *cobra.Command {

@@ -44,19 +44,32 @@ type Runtime struct {
 	// Auth is the ACP authentication method chat uses before session/new
 	// (an API key in the environment); empty: none needed.
 	Auth string
+	// VMEnv is set in microsandbox too, under Env: where the guest's
+	// shares (virtiofs without a cache: no shared mmap) would not do.
+	VMEnv []string
+	// RefusesRoot, when set, says why the runtime does not start as uid 0
+	// outside a sandbox, and RootSwitch is the variable that tells it it is
+	// in one anyway.
+	RefusesRoot, RootSwitch string
 }
 
 // Known are the runtimes this release knows, by name.
 var Known = map[string]Runtime{
 	"claude": {Name: "claude", Package: "@zed-industries/claude-agent-acp", Version: "0.23.1", Entry: "node_modules/.bin/claude-agent-acp",
-		Env:     []string{"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"},
-		Domains: []string{"api.anthropic.com", "platform.claude.com", "console.anthropic.com"}},
+		Env:         []string{"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"},
+		Domains:     []string{"api.anthropic.com", "platform.claude.com", "console.anthropic.com"},
+		RefusesRoot: "Claude Code refuses to run as root with --dangerously-skip-permissions, which claude-agent-acp passes",
+		RootSwitch:  "IS_SANDBOX"},
 	"codex": {Name: "codex", Package: "@zed-industries/codex-acp", Version: "0.16.0", Entry: "node_modules/.bin/codex-acp",
 		Domains: []string{"api.openai.com", "chatgpt.com", "auth.openai.com"}, Auth: "openai-api-key"},
 	"gemini": {Name: "gemini", Package: "@google/gemini-cli", Version: "0.61.0", Entry: "node_modules/.bin/gemini", Args: []string{"--experimental-acp"},
 		Domains: []string{"generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com"}, Auth: "gemini-api-key"},
 	"opencode": {Name: "opencode", Package: "opencode-ai", Version: "1.18.33", Entry: "node_modules/.bin/opencode", Args: []string{"acp"},
-		Env: []string{"OPENCODE_DISABLE_AUTOUPDATE=1"}},
+		Env: []string{"OPENCODE_DISABLE_AUTOUPDATE=1"},
+		// Its SQLite database in WAL mode needs shared mmap, which the VM's
+		// share of the agent's home does not have: VM-local instead (kept
+		// across stop and resume, reset with the VM).
+		VMEnv: []string{"XDG_DATA_HOME=/var/lib/agentconnect/data"}},
 }
 
 // MountRoot is where srt and microsandbox show a runtime's tree, read-only:

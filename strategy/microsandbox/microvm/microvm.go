@@ -46,7 +46,10 @@ func (c Config) MachineArgs() []string {
 	if c.Accelerator == "kvm" {
 		return append(args, "-accel", "kvm", "-cpu", "host")
 	}
-	return append(args, "-accel", "tcg")
+	// TCG's default model (qemu64) lacks SSE3 and AVX, which prebuilt
+	// runtimes need (opencode's binary dies of SIGILL on it): "max" is
+	// every feature TCG emulates.
+	return append(args, "-accel", "tcg", "-cpu", "max")
 }
 
 // QEMUArgs is the QEMU command line for c, after the binary's name.

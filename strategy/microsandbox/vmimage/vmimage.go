@@ -37,6 +37,10 @@ type Image struct {
 	Digest string
 	// Ref is DefaultRef or the reference as configured.
 	Ref string
+	// Runtimes are the known ACP runtimes the root holds at
+	// /opt/agentconnect/runtimes/NAME, as "package@version" by name (the
+	// default image's; a custom image has none).
+	Runtimes map[string]string
 }
 
 // defaultManifest is the default image's image.json (scripts/build-image.sh).
@@ -45,6 +49,8 @@ type defaultManifest struct {
 	RootfsDigest  string   `json:"rootfsDigest"`
 	BuiltAt       string   `json:"builtAt"`
 	Packages      []string `json:"packages"`
+	// Runtimes: name to "package@version", installed in the root.
+	Runtimes map[string]string `json:"runtimes"`
 }
 
 var sha256Digest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
@@ -71,11 +77,12 @@ func Default(dir string) (*Image, error) {
 		return nil, errdefs.FailedPrecondition("default guest image: %s has no rootfsDigest \"sha256:<64 hex>\" (got %q): %s", manifestPath, m.RootfsDigest, buildHint)
 	}
 	img := &Image{
-		Kernel: filepath.Join(dir, "vmlinuz"),
-		Initrd: filepath.Join(dir, "initrd.img"),
-		Rootfs: filepath.Join(dir, "rootfs.img"),
-		Digest: m.RootfsDigest,
-		Ref:    DefaultRef,
+		Kernel:   filepath.Join(dir, "vmlinuz"),
+		Initrd:   filepath.Join(dir, "initrd.img"),
+		Rootfs:   filepath.Join(dir, "rootfs.img"),
+		Digest:   m.RootfsDigest,
+		Ref:      DefaultRef,
+		Runtimes: m.Runtimes,
 	}
 	for _, p := range []string{img.Kernel, img.Initrd, img.Rootfs} {
 		fi, err := os.Stat(p)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -58,7 +59,7 @@ func TestDefault(t *testing.T) {
 	}
 	t.Logf("no image: %v", err)
 	digest := "sha256:" + strings.Repeat("c", 64)
-	os.WriteFile(filepath.Join(dir, "image.json"), []byte(`{"kernelVersion": "6.1.0-57-cloud-amd64", "rootfsDigest": "`+digest+`", "builtAt": "2026-01-01T00:00:00Z", "packages": ["bash=5"]}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "image.json"), []byte(`{"kernelVersion": "6.1.0-57-cloud-amd64", "rootfsDigest": "`+digest+`", "builtAt": "2026-01-01T00:00:00Z", "packages": ["bash=5"], "runtimes": {"codex": "@zed-industries/codex-acp@0.16.0"}}`), 0o644)
 	for _, f := range []string{"vmlinuz", "initrd.img"} {
 		os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644)
 	}
@@ -70,8 +71,9 @@ func TestDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Image{Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img"), Rootfs: filepath.Join(dir, "rootfs.img"), Digest: digest, Ref: DefaultRef}
-	if *img != want {
+	want := Image{Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img"), Rootfs: filepath.Join(dir, "rootfs.img"), Digest: digest, Ref: DefaultRef,
+		Runtimes: map[string]string{"codex": "@zed-industries/codex-acp@0.16.0"}}
+	if !reflect.DeepEqual(*img, want) {
 		t.Errorf("Default = %+v, want %+v", *img, want)
 	}
 	os.WriteFile(filepath.Join(dir, "image.json"), []byte(`{"rootfsDigest": "sha256:short"}`), 0o644)

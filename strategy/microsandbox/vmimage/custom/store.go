@@ -293,6 +293,6 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 		if err != nil {
 			return helper.ImageResponse{Error: err.Error()}
 		}
-		return helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest}
+		return helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest, Runtimes: img.Runtimes}
 	})
 }

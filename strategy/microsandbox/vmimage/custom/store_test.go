@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -550,7 +551,7 @@ func TestBadArchives(t *testing.T) {
 	} {
 		prepareFails(t, s, ref, want)
 	}
-	if got, err := s.Prepare(context.Background(), vmimage.DefaultRef); err != nil || *got != *s.Base {
+	if got, err := s.Prepare(context.Background(), vmimage.DefaultRef); err != nil || !reflect.DeepEqual(*got, *s.Base) {
 		t.Errorf("Prepare(default) = %+v, %v; want the base image", got, err)
 	}
 	checkEmpty(t, s)

@@ -1,0 +1,130 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
+)
+
+// dockerScript waits for the guest's Docker Engine, imports an image made
+// from a root tarball (busybox, copied into the workspace by the test) when
+// the VM lacks it, and runs it. It prints "info ok", "image kept" or
+// "image absent", "run <what the container printed>", and "buildx ok",
+// "compose ok" for the CLI plugins.
+const dockerScript = `
+end=$(($(date +%s) + 240))
+until docker info >/dev/null 2>&1 || [ "$(date +%s)" -ge "$end" ]; do sleep 0.5; done
+if docker info >/dev/null 2>&1; then echo "info ok"; else echo "info failed"; tail -n 20 /var/log/dockerd.log; fi
+if docker image inspect tiny:1 >/dev/null 2>&1; then echo "image kept"; else
+	echo "image absent"
+	mkdir -p /tmp/r/bin && cp busybox /tmp/r/bin/ && tar -C /tmp/r -c . | docker import - tiny:1 >/dev/null
+fi
+echo "run $(docker run --rm --network none tiny:1 /bin/busybox echo from-container 2>&1)"
+docker buildx version >/dev/null 2>&1 && echo "buildx ok"
+docker compose version >/dev/null 2>&1 && echo "compose ok"
+`
+
+// initScript answers "init-NAME ok" when a runtime run from the image's
+// own tree (nothing mounted in) answers initialize.
+const initScript = `
+init() {
+	n=$1; shift
+	printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}' >/tmp/req
+	timeout 120 "$@" </tmp/req >/tmp/init-$n.out 2>/tmp/init-$n.err &
+	p=$!
+	for i in $(seq 1200); do grep -q '"protocolVersion"' /tmp/init-$n.out 2>/dev/null && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
+	if grep -q '"protocolVersion"' /tmp/init-$n.out; then echo "init-$n ok"; else echo "init-$n failed: $(tail -c 300 /tmp/init-$n.err)"; fi
+	kill $p 2>/dev/null; wait $p 2>/dev/null
+}
+`
+
+// TestMicrosandboxImageDockerAndRuntimes: the default image runs Docker
+// Engine on the VM's docker disk. docker info works; an image made
+// locally (docker import) runs; it is still there after stop and resume
+// and gone after a rebuild; Buildx and Compose are there. The known
+// runtimes in the image answer initialize with nothing mounted in.
+func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
+	requireMicrosandbox(t)
+	h, _ := startVMDaemon(t, "")
+	var known []struct {
+		Name    string   `json:"name"`
+		Command []string `json:"command"`
+	}
+	if err := json.Unmarshal([]byte(ok(t, h, "runtime", "ls", "--known", "--json")), &known); err != nil {
+		t.Fatal(err)
+	}
+	script := dockerScript + initScript
+	for _, r := range known {
+		// The environment the daemon gives a session of the runtime in a
+		// VM (opencode's data off the home's share).
+		env := strings.Join(append([]string{"env"}, runtimes.Known[r.Name].VMEnv...), " ")
+		script += fmt.Sprintf("[ -e run-inits ] && init %s %s %s\n", r.Name, env, strings.Join(r.Command, " "))
+	}
+	script += "true\n"
+	ok(t, h, "agent", "create", "dock", "--strategy", "microsandbox", "--memory-mib", "1024", "--", "/bin/sh", "-c", script)
+	workspace := filepath.Join(agentDir(t, h, "dock"), "workspace")
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("no /bin/busybox (make deps installs busybox-static)")
+	}
+	os.WriteFile(filepath.Join(workspace, "busybox"), bb, 0o755)
+	os.WriteFile(filepath.Join(workspace, "run-inits"), nil, 0o644)
+
+	check := func(what, out, image string) {
+		t.Helper()
+		got := parseCodes(out)
+		if got["info"] != "ok" || got["image"] != image || got["run"] != "from-container" || got["buildx"] != "ok" || got["compose"] != "ok" {
+			t.Errorf("%s: docker info %q, image %q (want %s), run %q, buildx %q, compose %q\n%s",
+				what, got["info"], got["image"], image, got["run"], got["buildx"], got["compose"], out)
+		}
+	}
+	id, out := startAndWaitLong(t, h, "dock", "")
+	check("first run", out, "absent")
+	got := parseCodes(out)
+	for _, r := range known {
+		if got["init-"+r.Name] != "ok" {
+			t.Errorf("the image's %s at %s did not answer initialize: %q", r.Name, r.Command[0], got["init-"+r.Name])
+		}
+	}
+	os.Remove(filepath.Join(workspace, "run-inits"))
+
+	_, out = startAndWaitLong(t, h, "dock", id)
+	check("resumed", out, "kept")
+
+	// More memory: a new VM, a new docker disk.
+	ok(t, h, "agent", "edit", "dock", "--memory-mib", "1152")
+	_, out = startAndWaitLong(t, h, "dock", id)
+	check("after a rebuild", out, "absent")
+}
+
+// startAndWaitLong is startAndWait for a run longer than a CLI call's
+// bound (dockerd and four runtimes starting under TCG): it polls.
+func startAndWaitLong(t *testing.T, h, agentName, id string) (string, string) {
+	t.Helper()
+	before := ""
+	if id == "" {
+		id = strings.TrimSpace(ok(t, h, "session", "start", agentName))
+	} else {
+		before = ok(t, h, "session", "logs", id)
+		ok(t, h, "session", "resume", id)
+	}
+	// Once a second: a CLI call each time, and TCG needs the CPU.
+	s := show(t, h, id)
+	for deadline := time.Now().Add(10 * time.Minute); s.State == "running"; s = show(t, h, id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("session %s still runs after 10 minutes; shim log:\n%s", id, shimLog(h, id))
+		}
+		time.Sleep(time.Second)
+	}
+	out := strings.TrimPrefix(ok(t, h, "session", "logs", id), before)
+	if s.State != "exited" || s.ExitCode != 0 {
+		t.Fatalf("session %s: state %s, exit %d, reason %q; output:\n%s\nshim log:\n%s", id, s.State, s.ExitCode, s.Reason, out, shimLog(h, id))
+	}
+	return id, out
+}
