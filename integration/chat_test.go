@@ -173,6 +173,26 @@ func (c *chatRun) String() string {
 	return "stdout:\n" + strings.Join(c.raw, "\n") + "\nstderr:\n" + c.stderr.String()
 }
 
+// stalledChat is a Claude Code agent in srt whose chat of one turn
+// (answering --yes) waits on its model call.
+func stalledChat(t *testing.T) (*daemon, *fakeAnthropic, *chatRun) {
+	t.Helper()
+	requireBwrap(t)
+	api := newFakeAnthropic()
+	d, _ := claudeAgent(t, api, "srt", "")
+	c := startChat(t, d.home, "", "claude", "STALL-THEN-WRITE hello.txt, please", "--yes", "--json")
+	waitStalled(t, api, c)
+	return d, api, c
+}
+
+// checkClaudeFile checks the file the fake's Write call writes.
+func checkClaudeFile(t *testing.T, api *fakeAnthropic, c *chatRun) {
+	t.Helper()
+	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
+		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
+	}
+}
+
 // waitStalled waits until the fake API holds a call.
 func waitStalled(t *testing.T, api *fakeAnthropic, c *chatRun) {
 	t.Helper()
@@ -208,9 +228,7 @@ func TestChatAsksForPermission(t *testing.T) {
 	if len(perms) == 0 || perms[0]["outcome"] != "allow_once (answered)" {
 		t.Errorf("the permission as shown: %v\n%s", perms, c)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file after the answer: %q, %v\n%s", data, err, c)
-	}
+	checkClaudeFile(t, api, c)
 }
 
 // TestChatDenyRefusesTheTool: with --deny the permission is refused, the
@@ -241,11 +259,7 @@ func TestChatDenyRefusesTheTool(t *testing.T) {
 // the runtime abandons its model call, the turn ends cancelled, and chat
 // exits 130.
 func TestChatCtrlCCancelsTheTurn(t *testing.T) {
-	requireBwrap(t)
-	api := newFakeAnthropic()
-	d, _ := claudeAgent(t, api, "srt", "")
-	c := startChat(t, d.home, "", "claude", "STALL-THEN-WRITE hello.txt, please", "--yes", "--json")
-	waitStalled(t, api, c)
+	_, api, c := stalledChat(t)
 	c.cmd.Process.Signal(syscall.SIGINT)
 	c.waitFor("the turn's end", isType("turn_end"))
 	c.wait(130)
@@ -266,11 +280,7 @@ func TestChatCtrlCCancelsTheTurn(t *testing.T) {
 // started again during a turn; the chat carries on and shows the turn to
 // its end, and the tool's file is written.
 func TestChatTurnSurvivesSupervisorSIGKILL(t *testing.T) {
-	requireBwrap(t)
-	api := newFakeAnthropic()
-	d, _ := claudeAgent(t, api, "srt", "")
-	c := startChat(t, d.home, "", "claude", "STALL-THEN-WRITE hello.txt, please", "--yes", "--json")
-	waitStalled(t, api, c)
+	d, api, c := stalledChat(t)
 	d.kill9()
 	d.restart()
 	close(api.release)
@@ -278,9 +288,7 @@ func TestChatTurnSurvivesSupervisorSIGKILL(t *testing.T) {
 	if stop := c.stopReason(); stop != "end_turn" {
 		t.Errorf("the turn stopped with %q\n%s", stop, c)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
-	}
+	checkClaudeFile(t, api, c)
 }
 
 // TestChatReattachesToATurnInProgress: the chat and the supervisor are
@@ -288,13 +296,9 @@ func TestChatTurnSurvivesSupervisorSIGKILL(t *testing.T) {
 // --session attaches to the conversation, shows the turn going on to its
 // end, and a new prompt goes to the same ACP session.
 func TestChatReattachesToATurnInProgress(t *testing.T) {
-	requireBwrap(t)
-	api := newFakeAnthropic()
-	d, _ := claudeAgent(t, api, "srt", "")
-	first := startChat(t, d.home, "", "claude", "STALL-THEN-WRITE hello.txt, please", "--yes", "--json")
+	d, api, first := stalledChat(t)
 	id := fmt.Sprint(first.waitFor("the daemon session", isType("daemon_session"))["id"])
 	acpSession := fmt.Sprint(first.waitFor("the ACP session", isType("session"))["sessionId"])
-	waitStalled(t, api, first)
 	first.cmd.Process.Kill()
 	first.reap()
 	d.kill9()
@@ -319,9 +323,7 @@ func TestChatReattachesToATurnInProgress(t *testing.T) {
 	if len(ends) != 2 || ends[0]["stopReason"] != "end_turn" || ends[1]["stopReason"] != "end_turn" {
 		t.Errorf("the turns as the second chat showed them: %v\n%s", ends, second)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, second)
-	}
+	checkClaudeFile(t, api, second)
 	// The log keeps chat's side of the conversation, but session logs
 	// shows the runtime's output only.
 	if logs := ok(t, d.home, "session", "logs", id); strings.Contains(logs, `"method":"session/prompt"`) {
@@ -349,7 +351,7 @@ func TestChatStandalone(t *testing.T) {
 	if b, err := os.ReadFile(ca); err != nil || os.WriteFile(caFile, b, 0o644) != nil {
 		t.Fatal(err)
 	}
-	api.target = filepath.Join(workspace, "hello.txt")
+	api.setTarget(filepath.Join(workspace, "hello.txt"))
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", srv.Listener.Addr().(*net.TCPAddr).Port)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // where the private home goes, to look for leftovers
@@ -363,9 +365,7 @@ func TestChatStandalone(t *testing.T) {
 	if s := c.of("daemon_session"); len(s) != 1 || s[0]["strategy"] != "srt" {
 		t.Errorf("the standalone session: %v", s)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
-	}
+	checkClaudeFile(t, api, c)
 	if left, _ := filepath.Glob(filepath.Join(tmp, "agentconnect-chat-*")); len(left) != 0 {
 		t.Errorf("the private home is left: %v", left)
 	}

@@ -32,6 +32,13 @@ type fakeAnthropic struct {
 	gaveUp int
 }
 
+// setTarget sets the file the Write call writes, once the server runs.
+func (f *fakeAnthropic) setTarget(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.target = path
+}
+
 // newFakeAnthropic is a fake whose stalls wait for release.
 func newFakeAnthropic() *fakeAnthropic {
 	return &fakeAnthropic{release: make(chan struct{}), stalled: make(chan struct{}, 16)}
@@ -41,6 +48,7 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.keys = append(f.keys, r.Header.Get("X-Api-Key"))
 	f.paths = append(f.paths, r.Method+" "+r.URL.Path)
+	target := f.target
 	f.mu.Unlock()
 	if r.Method != "POST" || !strings.HasPrefix(r.URL.Path, "/v1/messages") || strings.Contains(r.URL.Path, "count_tokens") {
 		http.NotFound(w, r)
@@ -69,7 +77,7 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.Contains(string(body), `"tool_result"`):
 		blocks = []map[string]any{{"type": "text", "text": "The file is written."}}
 	case stall || strings.Contains(string(body), "WRITE-THE-FILE"):
-		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": f.target, "content": "written by claude inside a boundary\n"}}}
+		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": target, "content": "written by claude inside a boundary\n"}}}
 		stop = "tool_use"
 	default:
 		blocks = []map[string]any{{"type": "text", "text": "ok"}}
@@ -151,9 +159,7 @@ func TestClaudeOnHostUnderARootDaemon(t *testing.T) {
 	if stop := c.stopReason(); stop != "end_turn" {
 		t.Errorf("the turn stopped with %q\n%s", stop, c)
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
-	}
+	checkClaudeFile(t, api, c)
 }
 
 // claudeAgent is a daemon with a Claude Code agent "claude" in strategy
@@ -181,7 +187,7 @@ func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*da
 	ok(t, home, append([]string{"agent", "create", "claude", "--strategy", strategy, "--runtime", "claude", "--secret", "ANTHROPIC_API_KEY=claude",
 		"--env", "ANTHROPIC_BASE_URL=https://" + hostPort}, extra...)...)
 	workspace := filepath.Join(agentDir(t, home, "claude"), "workspace")
-	api.target = filepath.Join(workspace, "hello.txt")
+	api.setTarget(filepath.Join(workspace, "hello.txt"))
 	return d, workspace
 }
 
@@ -198,9 +204,7 @@ func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 		t.Errorf("the turn stopped with %q; API calls: %v\n%s", stop, api.paths, c)
 		api.mu.Unlock()
 	}
-	if data, err := os.ReadFile(api.target); err != nil || string(data) != "written by claude inside a boundary\n" {
-		t.Errorf("the tool's file: %q, %v\n%s", data, err, c)
-	}
+	checkClaudeFile(t, api, c)
 	if len(c.events("tool_call")) == 0 {
 		t.Errorf("no tool call was shown:\n%s", c)
 	}

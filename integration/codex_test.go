@@ -229,6 +229,15 @@ wire_api = "responses"
 	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), want) {
 		t.Errorf("the native sandbox, as chat shows it: %+v, want %q...", sess, want)
 	}
+	if nested {
+		// The mode without Codex's sandbox is not among the allowed ones:
+		// switching to it is refused, and no turn runs.
+		full := startChat(t, home, "", "codex", "WRITE-THE-FILE again, please", "--yes", "--json", "--mode", "full-access")
+		full.wait(1)
+		if !strings.Contains(full.stderr.String(), "session/set_mode full-access") || len(full.of("prompt")) != 0 {
+			t.Errorf("a switch to full-access under the daemon's requirements:\n%s", full)
+		}
+	}
 }
 
 // tlsServerWithCA serves h over TLS on the loopback with a leaf

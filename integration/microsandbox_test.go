@@ -79,6 +79,14 @@ func waitSession(t *testing.T, h, id string) session {
 // returns its id and the output of this run.
 func startAndWait(t *testing.T, h, agentName, id string) (string, string) {
 	t.Helper()
+	return startAndWaitWithin(t, h, agentName, id, 0)
+}
+
+// startAndWaitWithin is startAndWait for a run that may take longer than
+// a CLI call's bound (within > 0): it polls the session for that long, once
+// a second (a CLI call each time, and TCG needs the CPU).
+func startAndWaitWithin(t *testing.T, h, agentName, id string, within time.Duration) (string, string) {
+	t.Helper()
 	before := ""
 	if id == "" {
 		id = strings.TrimSpace(ok(t, h, "session", "start", agentName))
@@ -86,7 +94,18 @@ func startAndWait(t *testing.T, h, agentName, id string) (string, string) {
 		before = ok(t, h, "session", "logs", id)
 		ok(t, h, "session", "resume", id)
 	}
-	s := waitSession(t, h, id)
+	var s session
+	if within == 0 {
+		s = waitSession(t, h, id)
+	} else {
+		deadline := time.Now().Add(within)
+		for s = show(t, h, id); s.State == "running"; s = show(t, h, id) {
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s still runs after %v; shim log:\n%s", id, within, shimLog(h, id))
+			}
+			time.Sleep(time.Second)
+		}
+	}
 	out := strings.TrimPrefix(ok(t, h, "session", "logs", id), before)
 	if s.State != "exited" || s.ExitCode != 0 {
 		t.Fatalf("session %s: state %s, exit %d, reason %q; output:\n%s\nshim log:\n%s", id, s.State, s.ExitCode, s.Reason, out, shimLog(h, id))

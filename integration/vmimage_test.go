@@ -84,7 +84,7 @@ func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
 				what, got["info"], got["image"], image, got["run"], got["buildx"], got["compose"], out)
 		}
 	}
-	id, out := startAndWaitLong(t, h, "dock", "")
+	id, out := startAndWaitWithin(t, h, "dock", "", 10*time.Minute)
 	check("first run", out, "absent")
 	got := parseCodes(out)
 	for _, r := range known {
@@ -94,37 +94,11 @@ func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
 	}
 	os.Remove(filepath.Join(workspace, "run-inits"))
 
-	_, out = startAndWaitLong(t, h, "dock", id)
+	_, out = startAndWaitWithin(t, h, "dock", id, 10*time.Minute)
 	check("resumed", out, "kept")
 
 	// More memory: a new VM, a new docker disk.
 	ok(t, h, "agent", "edit", "dock", "--memory-mib", "1152")
-	_, out = startAndWaitLong(t, h, "dock", id)
+	_, out = startAndWaitWithin(t, h, "dock", id, 10*time.Minute)
 	check("after a rebuild", out, "absent")
-}
-
-// startAndWaitLong is startAndWait for a run longer than a CLI call's
-// bound (dockerd and four runtimes starting under TCG): it polls.
-func startAndWaitLong(t *testing.T, h, agentName, id string) (string, string) {
-	t.Helper()
-	before := ""
-	if id == "" {
-		id = strings.TrimSpace(ok(t, h, "session", "start", agentName))
-	} else {
-		before = ok(t, h, "session", "logs", id)
-		ok(t, h, "session", "resume", id)
-	}
-	// Once a second: a CLI call each time, and TCG needs the CPU.
-	s := show(t, h, id)
-	for deadline := time.Now().Add(10 * time.Minute); s.State == "running"; s = show(t, h, id) {
-		if time.Now().After(deadline) {
-			t.Fatalf("session %s still runs after 10 minutes; shim log:\n%s", id, shimLog(h, id))
-		}
-		time.Sleep(time.Second)
-	}
-	out := strings.TrimPrefix(ok(t, h, "session", "logs", id), before)
-	if s.State != "exited" || s.ExitCode != 0 {
-		t.Fatalf("session %s: state %s, exit %d, reason %q; output:\n%s\nshim log:\n%s", id, s.State, s.ExitCode, s.Reason, out, shimLog(h, id))
-	}
-	return id, out
 }
