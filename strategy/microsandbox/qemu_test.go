@@ -20,7 +20,7 @@ func testImage(t *testing.T) (string, *vmimage.Image) {
 	if err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
 	}
-	img, err := vmimage.Default(filepath.Join("..", "bin", "image"))
+	img, err := vmimage.Default(filepath.Join("..", "..", "bin", "image"))
 	if err != nil {
 		t.Skipf("no guest image (make image builds it): %v", err)
 	}
