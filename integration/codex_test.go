@@ -101,7 +101,10 @@ func TestCodexOwnSandboxInNestedSRT(t *testing.T) {
 	codexTurn(t, "srt", "", true)
 }
 
-// TestCodexTurnInMicrosandboxWithABoundKey: the same turn in a VM.
+// TestCodexTurnInMicrosandboxWithABoundKey: the same turn in a VM, where
+// Codex's own sandbox runs too (the image has bubblewrap): the write in
+// /run, which the VM alone allows, is refused, and so is a switch to
+// full-access.
 func TestCodexTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	requireMicrosandbox(t)
 	codexTurn(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`, false)
@@ -119,6 +122,11 @@ func TestCodexTurnOnHost(t *testing.T) {
 func codexTurn(t *testing.T, strategy, config string, nested bool) {
 	requireNPM(t)
 	api := &fakeOpenAI{}
+	// Codex's own sandbox runs in nested srt and in a VM.
+	own := nested || strategy == "microsandbox"
+	if own {
+		api.cmd = `printf 'written by codex inside a boundary\n' > hello.txt; touch /run/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
+	}
 	srv, caFile := tlsServerWithCA(t, api)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	var home string
@@ -132,7 +140,6 @@ func codexTurn(t *testing.T, strategy, config string, nested bool) {
 		os.Mkdir(cache, 0o700)
 		os.Chown(cache, nobody, nobody)
 		t.Setenv("npm_config_cache", cache)
-		api.cmd = `printf 'written by codex inside a boundary\n' > hello.txt; touch /run/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
 	} else {
 		home = newHome(t)
 	}
@@ -180,11 +187,12 @@ wire_api = "responses"
 		}
 	}
 
-	// On host Codex's own settings apply: "auto" lets it edit the
-	// workspace. Inside srt and microsandbox without a nested sandbox, the
-	// daemon runs it without its own sandbox (which could not start).
+	// On host Codex's own settings apply, and where its sandbox runs the
+	// daemon's: "auto" lets it edit the workspace. Inside srt without a
+	// nested sandbox the daemon runs it without its own (which could not
+	// start).
 	args := []string{"codex", "WRITE-THE-FILE hello.txt, please", "--yes", "--json"}
-	if strategy == "host" || nested {
+	if strategy == "host" || own {
 		args = append(args, "--mode", "auto")
 	}
 	c := startChat(t, home, "", args...)
@@ -220,7 +228,7 @@ wire_api = "responses"
 	// does.
 	sess := c.of("daemon_session")
 	want := "off: " + strategy
-	if nested {
+	if own {
 		want = "on: "
 		if !strings.Contains(api.outputs[0], "RUN-REFUSED") {
 			t.Errorf("a write in /run, which srt alone allows and Codex's writable roots do not hold: %q", api.outputs[0])
@@ -229,7 +237,7 @@ wire_api = "responses"
 	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), want) {
 		t.Errorf("the native sandbox, as chat shows it: %+v, want %q...", sess, want)
 	}
-	if nested {
+	if own {
 		// The mode without Codex's sandbox is not among the allowed ones:
 		// switching to it is refused, and no turn runs.
 		full := startChat(t, home, "", "codex", "WRITE-THE-FILE again, please", "--yes", "--json", "--mode", "full-access")

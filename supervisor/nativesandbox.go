@@ -43,22 +43,28 @@ func (s *Supervisor) nativeSandboxFor(a agent.Agent) (nativeSandbox, error) {
 			}
 			return ns, nil
 		}
-		req, err := s.nativeFile("codex-requirements.toml", codexRequirements)
+		req, err := s.nativeFile("codex/requirements.toml", codexRequirements)
 		if err != nil {
 			return nativeSandbox{}, err
 		}
-		return nativeSandbox{
+		ns := nativeSandbox{
 			note: "on: Codex's sandbox (workspace-write, no mode without it), its network through the session's proxy",
 			// The network the sandbox allows is the session's, which the
 			// proxy or the VM's network stack filters by the agent's policy.
 			args:   []string{"-c", `sandbox_mode="workspace-write"`, "-c", "sandbox_workspace_write.network_access=true"},
 			mounts: []session.Mount{{Source: req, Target: "/etc/codex/requirements.toml", ReadOnly: true}},
-		}, nil
+		}
+		if a.Strategy == strategy.Microsandbox {
+			// A VM's shares are directories: the file's, at /etc/codex.
+			ns.note = "on: Codex's sandbox (workspace-write, no mode without it) in the VM, its network the VM's"
+			ns.mounts = []session.Mount{{Source: filepath.Dir(req), Target: "/etc/codex", ReadOnly: true}}
+		}
+		return ns, nil
 	case "claude":
 		if why != "" {
 			return nativeSandbox{note: "off: " + why}, nil
 		}
-		return nativeSandbox{note: "off: Claude Code's sandbox needs socat inside the boundary, and this version does not turn it on yet"}, nil
+		return nativeSandbox{note: "off: this version does not turn Claude Code's own sandbox on yet"}, nil
 	}
 	return nativeSandbox{}, nil
 }
@@ -70,7 +76,7 @@ func nestedUnavailable(a agent.Agent) string {
 	case strategy.Host:
 		return "host strategy: the runtime's own settings apply (AgentConnect turns it on inside srt and microsandbox)"
 	case strategy.Microsandbox:
-		return "microsandbox: the guest image has no bubblewrap yet"
+		return "" // the image has bubblewrap, and the runtime is root in its own kernel
 	}
 	if !a.NestedSandbox {
 		return fmt.Sprintf("srt without nestedSandbox: no user namespace can be made inside (agent edit %s --nested-sandbox allows it)", a.Name)

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,7 +26,8 @@ func TestNativeSandboxFor(t *testing.T) {
 	}{
 		{a: agent.Agent{Name: "x", Runtime: "codex", Strategy: strategy.Host}, wantNote: "off: host strategy"},
 		{a: agent.Agent{Name: "x", Runtime: "codex", Strategy: strategy.SRT}, wantNote: "off: srt without nestedSandbox", wantArgs: `-c sandbox_mode="danger-full-access"`},
-		{a: agent.Agent{Name: "x", Runtime: "codex", Strategy: strategy.Microsandbox}, wantNote: "off: microsandbox", wantArgs: `-c sandbox_mode="danger-full-access"`},
+		{a: agent.Agent{Name: "x", Runtime: "codex", Strategy: strategy.Microsandbox}, wantNote: "on: ", wantArgs: `-c sandbox_mode="workspace-write" -c sandbox_workspace_write.network_access=true`},
+		{a: agent.Agent{Name: "x", Runtime: "claude", Strategy: strategy.Microsandbox}, wantNote: "off: this version"},
 		{a: agent.Agent{Name: "x", Runtime: "claude", Strategy: strategy.SRT}, wantNote: "off: srt without nestedSandbox"},
 		{a: agent.Agent{Name: "x", Runtime: "gemini", Strategy: strategy.SRT}},
 		{a: agent.Agent{Name: "x", Runtime: "codex", Strategy: strategy.SRT, NestedSandbox: true}, root: true, wantNote: "off: srt under a root daemon", wantArgs: `-c sandbox_mode="danger-full-access"`},
@@ -45,10 +47,15 @@ func TestNativeSandboxFor(t *testing.T) {
 			t.Errorf("%s in %s: args %q, want %q", tc.a.Runtime, tc.a.Strategy, got, tc.wantArgs)
 		}
 		if strings.HasPrefix(ns.note, "on:") {
-			if len(ns.mounts) != 1 || ns.mounts[0].Target != "/etc/codex/requirements.toml" || !ns.mounts[0].ReadOnly {
+			// srt binds the file; a VM shares its directory.
+			file, target := "", "/etc/codex/requirements.toml"
+			if tc.a.Strategy == strategy.Microsandbox {
+				file, target = "requirements.toml", "/etc/codex"
+			}
+			if len(ns.mounts) != 1 || ns.mounts[0].Target != target || !ns.mounts[0].ReadOnly {
 				t.Fatalf("mounts: %+v", ns.mounts)
 			}
-			if b, err := os.ReadFile(ns.mounts[0].Source); err != nil || !strings.Contains(string(b), `allowed_sandbox_modes = ["read-only", "workspace-write"]`) {
+			if b, err := os.ReadFile(filepath.Join(ns.mounts[0].Source, file)); err != nil || !strings.Contains(string(b), `allowed_sandbox_modes = ["read-only", "workspace-write"]`) {
 				t.Errorf("requirements: %q, %v", b, err)
 			}
 		}
