@@ -75,12 +75,7 @@ func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.Wait
 	for {
 		n, err := br.Read(buf)
 		if n > 0 {
-			switch werr := s.out.Write(stream, buf[:n]); {
-			case errors.Is(werr, outputlog.ErrFull):
-				s.outputLimitReached()
-			case werr != nil:
-				s.outputError(werr)
-			}
+			s.writeOutput(stream, buf[:n])
 		}
 		if err != nil {
 			return
@@ -88,10 +83,10 @@ func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.Wait
 	}
 }
 
-// recordStdin keeps what was written to the runtime in the log, after the
-// write: a reader sees an answer no earlier than the runtime could have.
-func (s *service) recordStdin(p []byte) {
-	switch err := s.out.Write(outputlog.Stdin, p); {
+// writeOutput appends p to the log as stream's: a full log stops the run,
+// another error is logged once.
+func (s *service) writeOutput(stream outputlog.Stream, p []byte) {
+	switch err := s.out.Write(stream, p); {
 	case errors.Is(err, outputlog.ErrFull):
 		s.outputLimitReached()
 	case err != nil:

@@ -305,8 +305,10 @@ func (s *service) WriteStdin(ctx context.Context, req *shimv1.WriteStdinRequest)
 	stop := context.AfterFunc(ctx, func() { f.SetWriteDeadline(time.Now()) })
 	defer stop()
 	n, err := f.Write(req.Data)
+	// Recorded after the write: a reader of the log sees an answer no
+	// earlier than the runtime could have.
 	if req.Record && n > 0 {
-		s.recordStdin(req.Data[:n])
+		s.writeOutput(outputlog.Stdin, req.Data[:n])
 	}
 	if err != nil {
 		switch {

@@ -103,17 +103,17 @@ interrupted, 1 when something failed.`,
 func chatThroughDaemon(cmd *cobra.Command, g *globals, f chatFlags, agentName, prompt string) error {
 	ctx, cancel := context.WithCancel(cmd.Context())
 	defer cancel()
+	if f.session != "" && f.mode != "" {
+		return errors.New("--mode switches a new conversation; the session's is set already")
+	}
 	c, err := g.connect(ctx)
 	if err != nil {
 		return err
 	}
+	defer c.Close()
 	var s *adminv1.Session
 	started := false
 	if f.session != "" {
-		if f.mode != "" {
-			c.Close()
-			return errors.New("--mode switches a new conversation; the session's is set already")
-		}
 		s, err = c.admin.GetSession(ctx, &adminv1.GetSessionRequest{Id: f.session})
 		if err == nil && s.State != "running" {
 			err = fmt.Errorf("session %s is %s: chat attaches to running sessions only (start a new one with agentconnect chat %s)", s.Id, s.State, s.Agent)
@@ -126,10 +126,14 @@ func chatThroughDaemon(cmd *cobra.Command, g *globals, f chatFlags, agentName, p
 		started = err == nil
 	}
 	if err != nil {
-		c.Close()
 		return err
 	}
-	c.Close()
+	if f.auth == "" {
+		if a, err := c.admin.GetAgent(ctx, &adminv1.GetAgentRequest{Name: s.Agent}); err == nil {
+			f.auth = runtimes.Known[a.Runtime].Auth
+		}
+	}
+	c.Close() // the conversation makes connections of its own, across restarts
 	id := s.Id
 	if started && !f.keep {
 		defer removeSession(g, id)
@@ -163,9 +167,6 @@ func converse(ctx context.Context, cmd *cobra.Command, g *globals, f chatFlags, 
 		ToRuntime: &stdinWriter{ctx: ctx, g: g, id: s.Id, record: true},
 		Out:       cmd.OutOrStdout(), JSON: f.json, Input: cmd.InOrStdin(), Prompt: prompt,
 		Cwd: s.Workspace, Auth: f.auth, Mode: f.mode,
-	}
-	if opts.Auth == "" {
-		opts.Auth = chatAuth(ctx, g, s.Agent)
 	}
 	switch {
 	case f.yes:
@@ -234,20 +235,6 @@ func converse(ctx context.Context, cmd *cobra.Command, g *globals, f chatFlags, 
 	return nil
 }
 
-// chatAuth is the authentication method of agent's known runtime.
-func chatAuth(ctx context.Context, g *globals, agent string) string {
-	c, err := g.connect(ctx)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	a, err := c.admin.GetAgent(ctx, &adminv1.GetAgentRequest{Name: agent})
-	if err != nil {
-		return ""
-	}
-	return runtimes.Known[a.Runtime].Auth
-}
-
 // readConversation reads the session's log to its current end, both
 // directions, and returns the conversation's state and that end.
 func readConversation(ctx context.Context, g *globals, id string) (chat.State, uint64, error) {
@@ -275,10 +262,7 @@ func readConversation(ctx context.Context, g *globals, id string) (chat.State, u
 			recs = append(recs, chat.Record{FromRuntime: chunk.Stream == adminv1.Stream_STDOUT, Data: chunk.Data})
 		}
 	}
-	st, err := chat.Scan(recs)
-	if err != nil {
-		return chat.State{}, 0, err
-	}
+	st := chat.Scan(recs)
 	if st.SessionID == "" {
 		return chat.State{}, 0, fmt.Errorf("session %s has no ACP conversation in its log to attach to (was it started by chat?)", id)
 	}

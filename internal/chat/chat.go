@@ -59,8 +59,8 @@ type Options struct {
 	// Interrupt delivers Ctrl-C: during a turn it cancels the turn, a
 	// second one (or one between turns) ends the conversation.
 	Interrupt <-chan struct{}
-	// Finished, when Resume has a turn in flight, is closed once its
-	// answer has come (the watcher of FromRuntime sees it).
+	// Finished, when Resume has a turn in flight, gets that turn's stop
+	// reason once its answer has come (WatchAnswer on FromRuntime sees it).
 	Finished <-chan string
 }
 
@@ -331,10 +331,9 @@ func (c *client) finishResumed(ctx context.Context, conn *acp.ClientSideConnecti
 	for _, n := range st.Backlog {
 		c.v.update(n.Update)
 	}
-	w := &lineWriter{w: c.o.ToRuntime}
 	for _, p := range st.Pending {
 		resp, _ := c.RequestPermission(ctx, p.Request)
-		if err := w.respond(p.ID, resp); err != nil {
+		if err := respond(c.o.ToRuntime, p.ID, resp); err != nil {
 			return "", err
 		}
 	}
@@ -477,14 +476,13 @@ func toolTitle(t acp.ToolCallUpdate) string {
 	return string(t.ToolCallId)
 }
 
-// lineWriter writes whole JSON-RPC messages, one a Write.
-type lineWriter struct{ w io.Writer }
-
-func (l *lineWriter) respond(id json.RawMessage, result any) error {
+// respond writes the answer to request id as one JSON-RPC line, in one
+// Write.
+func respond(w io.Writer, id json.RawMessage, result any) error {
 	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
 	if err != nil {
 		return err
 	}
-	_, err = l.w.Write(append(b, '\n'))
+	_, err = w.Write(append(b, '\n'))
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"slices"
 
 	acp "github.com/coder/acp-go-sdk"
 )
@@ -47,11 +48,10 @@ type message struct {
 // after the runtime could read it, so an answer is never seen before the
 // question it answers, except a turn that ended before its prompt's record
 // was written, which a turn's model call makes too slow to happen.
-func Scan(records []Record) (State, error) {
+func Scan(records []Record) State {
 	var st State
 	var partial [2][]byte
 	newIDs := map[string]bool{} // ids of session/new requests
-	pending := map[string]int{} // permission request id: index in st.Pending
 	for _, r := range records {
 		dir := 0
 		if r.FromRuntime {
@@ -69,21 +69,14 @@ func Scan(records []Record) (State, error) {
 			if json.Unmarshal(line, &m) != nil {
 				continue // a runtime's stray output line
 			}
-			st.apply(m, r.FromRuntime, newIDs, pending)
+			st.apply(m, r.FromRuntime, newIDs)
 		}
 		partial[dir] = append([]byte(nil), buf...)
 	}
-	var open []PendingPermission
-	for _, p := range st.Pending {
-		if p.ID != nil {
-			open = append(open, p)
-		}
-	}
-	st.Pending = open
-	return st, nil
+	return st
 }
 
-func (st *State) apply(m message, fromRuntime bool, newIDs map[string]bool, pending map[string]int) {
+func (st *State) apply(m message, fromRuntime bool, newIDs map[string]bool) {
 	id := string(m.ID)
 	switch {
 	case !fromRuntime && m.Method == acp.AgentMethodSessionNew:
@@ -95,10 +88,8 @@ func (st *State) apply(m message, fromRuntime bool, newIDs map[string]bool, pend
 		}
 		st.InFlight, st.Backlog = m.ID, nil
 	case !fromRuntime && m.Method == "" && m.ID != nil:
-		if i, ok := pending[id]; ok {
-			st.Pending[i].ID = nil // answered
-			delete(pending, id)
-		}
+		// An answer: the question is no longer open.
+		st.Pending = slices.DeleteFunc(st.Pending, func(p PendingPermission) bool { return string(p.ID) == id })
 	case fromRuntime && m.Method == "" && m.ID != nil:
 		if newIDs[id] {
 			var r acp.NewSessionResponse
@@ -109,16 +100,11 @@ func (st *State) apply(m message, fromRuntime bool, newIDs map[string]bool, pend
 		}
 		if st.InFlight != nil && id == string(st.InFlight) {
 			// The turn is over: what it asked is moot.
-			st.InFlight, st.Backlog = nil, nil
-			for k, i := range pending {
-				st.Pending[i].ID = nil
-				delete(pending, k)
-			}
+			st.InFlight, st.Backlog, st.Pending = nil, nil, nil
 		}
 	case fromRuntime && m.Method == acp.ClientMethodSessionRequestPermission && m.ID != nil:
 		var p acp.RequestPermissionRequest
 		if json.Unmarshal(m.Params, &p) == nil {
-			pending[id] = len(st.Pending)
 			st.Pending = append(st.Pending, PendingPermission{ID: m.ID, Request: p})
 		}
 	case fromRuntime && m.Method == acp.ClientMethodSessionUpdate && st.InFlight != nil:
