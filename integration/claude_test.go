@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -20,9 +21,13 @@ import (
 // an end of turn. It records the API keys it was sent.
 type fakeAnthropic struct {
 	target string // the file the Write call writes
-	mu     sync.Mutex
-	keys   []string
-	paths  []string
+	// bash, when set, is the command of a Bash call made instead of the
+	// Write; results are the tool results that came back.
+	bash    string
+	results []string
+	mu      sync.Mutex
+	keys    []string
+	paths   []string
 	// A prompt with STALL-THEN-WRITE waits for release (or for the
 	// runtime to give up on the call) before it is answered as
 	// WRITE-THE-FILE; stalled gets one value each time a call waits.
@@ -75,7 +80,13 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := "end_turn"
 	switch {
 	case strings.Contains(string(body), `"tool_result"`):
+		f.mu.Lock()
+		f.results = append(f.results, toolResults(body)...)
+		f.mu.Unlock()
 		blocks = []map[string]any{{"type": "text", "text": "The file is written."}}
+	case f.bash != "" && strings.Contains(string(body), "WRITE-THE-FILE"):
+		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": map[string]any{"command": f.bash, "description": "Write the file"}}}
+		stop = "tool_use"
 	case stall || strings.Contains(string(body), "WRITE-THE-FILE"):
 		blocks = []map[string]any{{"type": "tool_use", "id": "toolu_01", "name": "Write", "input": map[string]any{"file_path": target, "content": "written by claude inside a boundary\n"}}}
 		stop = "tool_use"
@@ -112,6 +123,44 @@ func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	event("message_stop", map[string]any{"type": "message_stop"})
 }
 
+// toolResults are the texts of the tool results in a Messages request.
+func toolResults(body []byte) []string {
+	var req struct {
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	json.Unmarshal(body, &req)
+	var out []string
+	for _, m := range req.Messages {
+		var blocks []struct {
+			Type    string          `json:"type"`
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(m.Content, &blocks) != nil {
+			continue // a plain string
+		}
+		for _, b := range blocks {
+			if b.Type != "tool_result" {
+				continue
+			}
+			var text string
+			if json.Unmarshal(b.Content, &text) == nil {
+				out = append(out, text)
+				continue
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			json.Unmarshal(b.Content, &parts)
+			for _, p := range parts {
+				out = append(out, p.Text)
+			}
+		}
+	}
+	return out
+}
+
 // TestClaudeTurnInSRTWithABoundKey: a real Claude Code (claude-agent-acp
 // from npm) completes a tool-using turn inside srt against a fake Anthropic
 // API on the host's loopback, its key bound from the secrets store: the API
@@ -123,10 +172,34 @@ func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 }
 
 // TestClaudeTurnInMicrosandboxWithABoundKey: the same turn in a VM, its
-// key put on the wire by the VM's network stack.
+// key put on the wire by the VM's network stack, as the guest's
+// unprivileged user: its Bash tool writes the file, which belongs to the
+// workspace's owner on the host. Under TCG (here) Claude Code's own
+// sandbox is off, with the reason.
 func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	requireMicrosandbox(t)
 	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
+}
+
+// checkGuestUser checks a VM tool's output of id: the runtime ran as the
+// guest's agent user (its docker group is checked with Docker itself, in
+// TestMicrosandboxImageDockerAndRuntimes), and the file it wrote in the
+// workspace (hello.txt) belongs on the host to the workspace's owner.
+func checkGuestUser(t *testing.T, out, workspace string) {
+	t.Helper()
+	if !strings.Contains(out, "uid=10001(agent)") {
+		t.Errorf("the runtime's id in the VM: %q, want uid 10001 (agent)", out)
+	}
+	var ws, f syscall.Stat_t
+	if err := syscall.Stat(workspace, &ws); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(filepath.Join(workspace, "hello.txt"), &f); err != nil {
+		t.Fatal(err)
+	}
+	if f.Uid != ws.Uid || f.Gid != ws.Gid {
+		t.Errorf("the guest's file is owned by %d:%d on the host, want the workspace's owner %d:%d", f.Uid, f.Gid, ws.Uid, ws.Gid)
+	}
 }
 
 // TestClaudeOnHostUnderARootDaemon: on host under a root daemon, a session
@@ -196,7 +269,10 @@ func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*da
 // the daemon's runtime cache.
 func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 	api := &fakeAnthropic{}
-	d, _ := claudeAgent(t, api, strategy, config)
+	if strategy == "microsandbox" {
+		api.bash = `printf 'written by claude inside a boundary\n' > hello.txt; id; touch /var/lib/agentconnect/data/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
+	}
+	d, ws := claudeAgent(t, api, strategy, config)
 	c := startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
 	c.wait(0)
 	if stop := c.stopReason(); stop != "end_turn" {
@@ -226,4 +302,19 @@ func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 		t.Fatal("the Messages API was never called")
 	}
 	checkNoValue(t, d.home)
+	if strategy != "microsandbox" {
+		return
+	}
+	// Under TCG Claude Code's sandbox cannot start its bridges in time:
+	// off, with the reason, and the write the VM allows goes through.
+	sess := c.of("daemon_session")
+	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), "off: microsandbox under TCG") {
+		t.Errorf("Claude Code's own sandbox, as chat shows it: %+v, want off under TCG", sess)
+	}
+	if len(api.results) == 0 || !strings.Contains(api.results[0], "RUN-WRITTEN") {
+		t.Errorf("a write the VM allows its runtime user: %q", api.results)
+	}
+	if len(api.results) > 0 {
+		checkGuestUser(t, api.results[0], ws)
+	}
 }

@@ -102,9 +102,9 @@ func TestCodexOwnSandboxInNestedSRT(t *testing.T) {
 }
 
 // TestCodexTurnInMicrosandboxWithABoundKey: the same turn in a VM, where
-// Codex's own sandbox runs too (the image has bubblewrap): the write in
-// /run, which the VM alone allows, is refused, and so is a switch to
-// full-access.
+// Codex's own sandbox runs too (the image has bubblewrap) as the guest's
+// unprivileged user: a write the VM alone allows is refused, and so is a
+// switch to full-access; the file belongs to the workspace's owner.
 func TestCodexTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	requireMicrosandbox(t)
 	codexTurn(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`, false)
@@ -125,7 +125,14 @@ func codexTurn(t *testing.T, strategy, config string, nested bool) {
 	// Codex's own sandbox runs in nested srt and in a VM.
 	own := nested || strategy == "microsandbox"
 	if own {
-		api.cmd = `printf 'written by codex inside a boundary\n' > hello.txt; touch /run/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
+		// A place the boundary alone lets the runtime write: /run in srt;
+		// in a VM, where the runtime is the guest's agent user, the VM-local
+		// data directory it owns.
+		outside := "/run/outside"
+		if strategy == "microsandbox" {
+			outside = "/var/lib/agentconnect/data/outside"
+		}
+		api.cmd = `printf 'written by codex inside a boundary\n' > hello.txt; id; touch ` + outside + ` && echo RUN-WRITTEN || echo RUN-REFUSED`
 	}
 	srv, caFile := tlsServerWithCA(t, api)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
@@ -231,7 +238,10 @@ wire_api = "responses"
 	if own {
 		want = "on: "
 		if !strings.Contains(api.outputs[0], "RUN-REFUSED") {
-			t.Errorf("a write in /run, which srt alone allows and Codex's writable roots do not hold: %q", api.outputs[0])
+			t.Errorf("a write the boundary alone allows and Codex's writable roots do not hold: %q", api.outputs[0])
+		}
+		if strategy == "microsandbox" {
+			checkGuestUser(t, api.outputs[0], filepath.Join(agentDir(t, home, "codex"), "workspace"))
 		}
 	}
 	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), want) {

@@ -286,6 +286,13 @@ echo "$known" | while read -r name _; do
 done
 # Read-only for everyone but root, as the daemon's cache trees are.
 chmod -R a-w,a+rX "$tree/opt/agentconnect/runtimes"
+# The runtime's user (api/session.VMRuntimeUser and VMRuntimeUID), Docker
+# through its group, and the VM-local data directory runtimes.VMEnv names.
+if ! grep -q '^agent:' "$tree/etc/passwd"; then
+	chroot "$tree" useradd --uid 10001 --user-group --home-dir /home/agent --no-create-home --shell /bin/bash agent
+fi
+chroot "$tree" usermod -a -G docker agent
+install -d -o 10001 -g 10001 "$tree/var/lib/agentconnect" "$tree/var/lib/agentconnect/data"
 
 # --- rootfs.img: ext4 from the tree (mke2fs -d, no loop mount), sparse, with
 # room to spare: the tree's usage + 10% + 64 MiB, inodes + 25%. 4 KiB blocks

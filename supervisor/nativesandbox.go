@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -61,12 +63,83 @@ func (s *Supervisor) nativeSandboxFor(a agent.Agent) (nativeSandbox, error) {
 		}
 		return ns, nil
 	case "claude":
+		if why == "" && a.Strategy == strategy.Microsandbox && s.cfg.VM.Accelerator == "tcg" {
+			why = "microsandbox under TCG: Claude Code gives its sandbox's two socat bridges about 600 ms to listen, " +
+				"and an emulated VM takes 800 to 1000 ms to start them (with KVM it turns on)"
+		}
 		if why != "" {
 			return nativeSandbox{note: "off: " + why}, nil
 		}
-		return nativeSandbox{note: "off: this version does not turn Claude Code's own sandbox on yet"}, nil
+		return s.claudeSandbox(a)
 	}
 	return nativeSandbox{}, nil
+}
+
+// claudeManaged is the part of Claude Code's managed settings (its highest
+// precedence, which no user, project or flag setting overrides) that turns
+// its own sandbox on. Claude Code ignores settings it cannot parse, so they
+// are marshalled from these types, never written by hand.
+type claudeManaged struct {
+	Sandbox struct {
+		Enabled bool `json:"enabled"`
+		// No start without a working sandbox, and no command outside it
+		// (the model's dangerouslyDisableSandbox is ignored).
+		FailIfUnavailable        bool `json:"failIfUnavailable"`
+		AllowUnsandboxedCommands bool `json:"allowUnsandboxedCommands"`
+		Network                  struct {
+			AllowedDomains          []string `json:"allowedDomains"`
+			AllowManagedDomainsOnly bool     `json:"allowManagedDomainsOnly"`
+			HTTPProxyPort           int      `json:"httpProxyPort,omitempty"`
+			SOCKSProxyPort          int      `json:"socksProxyPort,omitempty"`
+		} `json:"network"`
+	} `json:"sandbox"`
+}
+
+// claudeSandbox turns Claude Code's own sandbox on through its managed
+// settings, with the agent's network policy mirrored into it: in srt its
+// commands reach the network through the session's proxy (its ports on
+// the sandbox's loopback), which filters by the policy; in a VM through
+// Claude Code's own proxy, limited to the agent's allowed domains, behind
+// the VM's network stack, which filters by the policy again.
+func (s *Supervisor) claudeSandbox(a agent.Agent) (nativeSandbox, error) {
+	var m claudeManaged
+	m.Sandbox.Enabled, m.Sandbox.FailIfUnavailable = true, true
+	m.Sandbox.Network.AllowManagedDomainsOnly = true
+	m.Sandbox.Network.AllowedDomains = []string{}
+	name := "claude/srt/managed-settings.json"
+	note := "on: Claude Code's sandbox (fails closed, no unsandboxed commands), its network through the session's proxy"
+	if a.Strategy == strategy.Microsandbox {
+		// Its matcher knows host names, not ports: the VM's stack
+		// still holds each allowed name to its port.
+		seen := map[string]bool{}
+		for _, d := range a.AllowedDomains {
+			if h, _, err := net.SplitHostPort(d); err == nil {
+				d = h
+			}
+			if !seen[d] {
+				seen[d] = true
+				m.Sandbox.Network.AllowedDomains = append(m.Sandbox.Network.AllowedDomains, d)
+			}
+		}
+		name = "claude/vm/" + a.Name + "/managed-settings.json"
+		note = "on: Claude Code's sandbox (fails closed, no unsandboxed commands) in the VM, its network the agent's allowed domains"
+	} else {
+		m.Sandbox.Network.HTTPProxyPort, m.Sandbox.Network.SOCKSProxyPort = session.SRTHTTPProxyPort, session.SRTSOCKSProxyPort
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nativeSandbox{}, err
+	}
+	p, err := s.nativeFile(name, string(b)+"\n")
+	if err != nil {
+		return nativeSandbox{}, err
+	}
+	ns := nativeSandbox{note: note, mounts: []session.Mount{{Source: p, Target: "/etc/claude-code/managed-settings.json", ReadOnly: true}}}
+	if a.Strategy == strategy.Microsandbox {
+		// A VM's shares are directories: the file's, at /etc/claude-code.
+		ns.mounts = []session.Mount{{Source: filepath.Dir(p), Target: "/etc/claude-code", ReadOnly: true}}
+	}
+	return ns, nil
 }
 
 // nestedUnavailable says why a runtime's own bubblewrap sandbox cannot run

@@ -1,11 +1,8 @@
 package vmagent
 
 import (
-	"bufio"
 	"net"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -100,22 +97,4 @@ func runDockerd(dockerd string, sock *os.File, logf func(string, ...any)) {
 	}
 	logf("docker: dockerd started on the first connection (pid %d), its log in %s", p.Pid, dockerLog)
 	p.Release()
-}
-
-// groupID looks a group up in an /etc/group file.
-func groupID(path, name string) (int, bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) >= 3 && fields[0] == name {
-			gid, err := strconv.Atoi(fields[2])
-			return gid, err == nil
-		}
-	}
-	return 0, false
 }

@@ -146,6 +146,7 @@ type execSpec struct {
 	args []string
 	env  []string
 	cwd  string
+	cred *syscall.Credential // nil: root
 }
 
 // checkExec validates an Exec request from the host.
@@ -268,7 +269,7 @@ func (t *procTable) fork(p *process, spec execSpec, path string, conns [3]net.Co
 		Dir:   spec.cwd,
 		Env:   spec.env,
 		Files: files[:],
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: spec.cred},
 	}
 	if attr.Env == nil {
 		attr.Env = []string{}

@@ -123,6 +123,11 @@ func (s *service) Exec(ctx context.Context, req *vmagentv1.ExecRequest) (*vmagen
 	s.execs++
 	s.mu.Unlock()
 
+	if user := req.GetUser(); user != "" {
+		if spec.cred, err = lookupUser(s.paths.etc, user); err != nil {
+			return nil, fmt.Errorf("exec %s: %w", spec.id, err)
+		}
+	}
 	if err := s.procs.reserve(spec.id); err != nil {
 		return nil, err
 	}

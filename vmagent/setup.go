@@ -54,9 +54,10 @@ type setupPaths struct {
 	sysBlock string // /sys/block
 	dev      string // /dev
 	work     string // the mount points of the disks and the new root
+	etc      string // the account files of the root processes run in
 }
 
-var guestPaths = setupPaths{sysBlock: "/sys/block", dev: "/dev", work: "/run/agentconnect"}
+var guestPaths = setupPaths{sysBlock: "/sys/block", dev: "/dev", work: "/run/agentconnect", etc: "/etc"}
 
 // setupPlan is a validated SetupRequest.
 type setupPlan struct {
@@ -300,6 +301,9 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 		if err := step("mount share "+s.tag, mountInRoot(root, s.tag, s.target, "virtiofs", flags)); err != nil {
 			return err
 		}
+		if err := step("open the way to share "+s.tag, searchable(root, s.target)); err != nil {
+			return err
+		}
 	}
 	if n := plan.network; n != nil {
 		if err := step("configure "+netDevice, configureNetwork(*n)); err != nil {
@@ -330,6 +334,7 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if plan.docker != "" {
 		startDocker(logf)
 	}
+	warm(logf)
 	logf("setup done in %v", time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -422,6 +427,35 @@ func mountInRoot(root, source, target, fstype string, flags uintptr) error {
 	}
 	if err := unix.Mount(source, dir, fstype, flags, ""); err != nil {
 		return fmt.Errorf("mount %s (%s) on %s: %w", source, fstype, resolved, err)
+	}
+	return nil
+}
+
+// searchable lets every user through the directories above target in root
+// (the image's /root is 0700, and a root daemon's home is beneath it), so
+// that the runtime user reaches its shares: the search bit only, nothing
+// becomes readable, and only on the root's own file system (a share above
+// another is the host's, and stays as the host has it).
+func searchable(root, target string) error {
+	resolved, err := resolveIn(root, target)
+	if err != nil {
+		return err
+	}
+	var rootSt unix.Stat_t
+	if err := unix.Stat(root, &rootSt); err != nil {
+		return err
+	}
+	for d := filepath.Dir(resolved); d != "/"; d = filepath.Dir(d) {
+		p := filepath.Join(root, d)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		if st.Dev == rootSt.Dev && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Mode&0o001 == 0 {
+			if err := unix.Chmod(p, st.Mode&0o7777|0o001); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -263,3 +263,18 @@ func TestTrustSessionCA(t *testing.T) {
 		t.Errorf("the guest's bundle %s is not where the runtime's variables point (%s)", sessionCABundle, session.CABundlePath)
 	}
 }
+
+func TestSearchableOpensTheWayOnly(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "root/.agentconnect/agents/a"), 0o700)
+	os.Chmod(filepath.Join(root, "root"), 0o700)
+	os.Chmod(filepath.Join(root, "root/.agentconnect"), 0o750)
+	if err := searchable(root, "/root/.agentconnect/agents/a/home"); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{"root": 0o701, "root/.agentconnect": 0o751, "root/.agentconnect/agents": 0o701, "root/.agentconnect/agents/a": 0o701} {
+		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want %v", p, fi.Mode().Perm(), err, want)
+		}
+	}
+}

@@ -20,6 +20,13 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
+// The ports of the session's proxy inside srt, on the sandbox's loopback
+// (HTTP_PROXY and ALL_PROXY point there).
+const (
+	SRTHTTPProxyPort  = 3128
+	SRTSOCKSProxyPort = 1080
+)
+
 // States of a session, as users see them.
 const (
 	Running = "running"

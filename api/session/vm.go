@@ -6,6 +6,15 @@ import (
 	"encoding/json"
 )
 
+// The guest user a microsandbox session's runtime runs as: unprivileged in
+// the guest, with Docker through its docker group. The image makes it
+// (scripts/build-image.sh), and each share shows its root's owner as this
+// user, so that the runtime owns what the agent owns (see microvm.ShareIDMap).
+const (
+	VMRuntimeUser = "agent"
+	VMRuntimeUID  = 10001
+)
+
 // VMShare is a host directory shared into a microsandbox guest with virtiofs.
 type VMShare struct {
 	Tag      string `json:"tag"`

@@ -181,7 +181,7 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 		env = session.MergeEnv(env, session.CAEnv())
 	}
 	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: env, Cwd: spec.Workspace,
-		Stdin: true, Stdout: true, Stderr: true}); err != nil {
+		Stdin: true, Stdout: true, Stderr: true, User: session.VMRuntimeUser}); err != nil {
 		stdin.Close()
 		stdout.Close()
 		stderr.Close()
@@ -345,8 +345,23 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
 	go vm.h.LogHelper(msgR, "virtiofsd", sh.Tag)
+	// Its own user namespace, where the runtime user owns the share's root
+	// (see microvm.ShareIDMap); bwrap starts in it as its root, with every
+	// capability there and none outside.
+	var st unix.Stat_t
+	if err := unix.Fstat(int(rp.Binds[0].File.Fd()), &st); err != nil {
+		msgW.Close()
+		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
+	}
 	attr := &os.ProcAttr{Files: append([]*os.File{nil, msgW, msgW}, files...),
-		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
+		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Sys: &syscall.SysProcAttr{
+			Cloneflags:                 syscall.CLONE_NEWUSER,
+			UidMappings:                microvm.ShareIDMap(session.VMRuntimeUID, st.Uid),
+			GidMappings:                microvm.ShareIDMap(session.VMRuntimeUID, st.Gid),
+			GidMappingsEnableSetgroups: true,
+			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
+		}}
 	pid, exited, err := vm.h.Spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
 	msgW.Close()
 	if err != nil {

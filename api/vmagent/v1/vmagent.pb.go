@@ -433,9 +433,13 @@ type ExecRequest struct {
 	// Exec may not be registered yet when Exec arrives: Exec waits (bounded)
 	// for each stream named here. A stream not named here is used if it has
 	// arrived, else the process gets /dev/null.
-	Stdin         bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	Stdout        bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Stdin  bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// The guest user the process runs as, by name in the image's
+	// /etc/passwd, with its groups from /etc/group; empty: root. The
+	// session's runtime runs as the image's unprivileged runtime user.
+	User          string `protobuf:"bytes,8,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -517,6 +521,13 @@ func (x *ExecRequest) GetStderr() bool {
 		return x.Stderr
 	}
 	return false
+}
+
+func (x *ExecRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type ExecResponse struct {
@@ -855,7 +866,7 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
 	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12$\n" +
 	"\x0esession_ca_pem\x18\x06 \x01(\tR\fsessionCaPem\"\x0f\n" +
-	"\rSetupResponse\"\x9b\x01\n" +
+	"\rSetupResponse\"\xaf\x01\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -863,7 +874,8 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12\x14\n" +
 	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\a \x01(\bR\x06stderr\" \n" +
+	"\x06stderr\x18\a \x01(\bR\x06stderr\x12\x12\n" +
+	"\x04user\x18\b \x01(\tR\x04user\" \n" +
 	"\fExecResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"I\n" +
 	"\rSignalRequest\x12\x0e\n" +

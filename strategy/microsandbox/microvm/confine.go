@@ -137,6 +137,37 @@ func (c Config) VirtiofsdLaunch(virtiofsd string, i int, shim *os.File, binds []
 	return args, files
 }
 
+// idMax is the number of valid ids: 0 to 2^32-2 (2^32-1 is "no id").
+const idMax = 1<<32 - 1
+
+// ShareIDMap is the uid (or gid) map of the user namespace a share's
+// virtiofsd runs in: the identity, but for the guest's runtime id and the
+// owner of the share's root, which trade places. QEMU 7.2's virtiofsd
+// creates files with the guest's ids and reports the host's, and has no
+// option to translate them: in this namespace the runtime user owns the
+// share as the host user owns it, what it creates belongs to that host
+// user, and guest root is host root everywhere else (or, on a share that
+// root owns, the runtime id: never more than root). Every id stays mapped,
+// so virtiofsd's capabilities cover every file.
+func ShareIDMap(guest, owner uint32) []syscall.SysProcIDMap {
+	if guest == owner {
+		return []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: idMax}}
+	}
+	lo, hi := min(guest, owner), max(guest, owner)
+	m := []syscall.SysProcIDMap{}
+	add := func(inside, host, size int) {
+		if size > 0 {
+			m = append(m, syscall.SysProcIDMap{ContainerID: inside, HostID: host, Size: size})
+		}
+	}
+	add(0, 0, int(lo))
+	add(int(lo), int(hi), 1)
+	add(int(lo)+1, int(lo)+1, int(hi-lo)-1)
+	add(int(hi), int(lo), 1)
+	add(int(hi)+1, int(hi)+1, idMax-int(hi)-1)
+	return m
+}
+
 // ShareExec is `agentconnect-shim share-exec -- PROGRAM ARGS...`, inside
 // virtiofsd's bwrap: it checks that the share's binds landed where they
 // should (the checks at fd 3), then execs PROGRAM.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
@@ -29,8 +30,8 @@ const (
 
 // Proxy ports inside the sandbox, as sandbox-runtime has them.
 const (
-	HTTPProxyPort  = 3128
-	SOCKSProxyPort = 1080
+	HTTPProxyPort  = session.SRTHTTPProxyPort
+	SOCKSProxyPort = session.SRTSOCKSProxyPort
 )
 
 // ProxyEnv points every usual proxy variable at the sandbox's proxy, which

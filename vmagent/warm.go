@@ -1,0 +1,36 @@
+package vmagent
+
+import (
+	"os"
+	"syscall"
+)
+
+// warmTools are programs the runtimes' own sandboxes start with a deadline:
+// Claude Code gives its two socat bridges about 600 ms to listen, and
+// under TCG a first socat (libssl and libcrypto read from the image's
+// disk and linked) takes 800 to 1000 ms, a second one about 400 ms.
+var warmTools = [][]string{{"/usr/bin/socat", "-V"}, {"/usr/bin/bwrap", "--version"}}
+
+// warm runs each of warmTools once, in the background, so that the page
+// cache and the dynamic linker have them when a runtime needs them fast.
+// PID 1's reaper reaps them. An image without one skips it.
+func warm(logf func(string, ...any)) {
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		logf("warm: %v", err)
+		return
+	}
+	defer null.Close()
+	for _, argv := range warmTools {
+		if _, err := os.Stat(argv[0]); err != nil {
+			continue
+		}
+		p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: "/", Env: []string{}, Files: []*os.File{null, null, null},
+			Sys: &syscall.SysProcAttr{Setsid: true}})
+		if err != nil {
+			logf("warm: %s: %v", argv[0], err)
+			continue
+		}
+		p.Release()
+	}
+}
