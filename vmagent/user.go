@@ -10,9 +10,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 )
 
-
-
-
 // lookupUser is the credential of user name in the account files of etc:
 // its uid and primary gid from passwd, and every group of group that lists
 // it as a member (docker, for the runtime user).
