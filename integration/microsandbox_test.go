@@ -314,9 +314,12 @@ func tinyImage(t *testing.T) v1.Image {
 	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "run", "sys", "tmp", "var"} {
 		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755})
 	}
+	// No account files: the guest adds the runtime user. /var/tmp as an
+	// image has it, for VM-local files the runtime user writes.
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "var/tmp/", Mode: 0o1777})
 	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))})
 	tw.Write(bb)
-	for _, applet := range []string{"sh", "cat", "wc", "uname", "ls", "sleep"} {
+	for _, applet := range []string{"sh", "cat", "wc", "uname", "ls", "sleep", "id"} {
 		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + applet, Linkname: "busybox", Mode: 0o777})
 	}
 	if err := tw.Close(); err != nil {
@@ -374,16 +377,17 @@ func TestMicrosandboxLifecycle(t *testing.T) {
 	}
 	h, _ := startVMDaemon(t, `, "image": "`+push("v1")+`"`)
 	ok(t, h, "agent", "create", "life", "--strategy", "microsandbox", "--", "/bin/sh", "-c", `
-echo x >> /var/vmlocal; echo "local $(wc -l < /var/vmlocal)"
+echo "user $(id -un):$(id -u)"
+echo x >> /var/tmp/vmlocal; echo "local $(wc -l < /var/tmp/vmlocal)"
 echo x >> ws-file; echo "workspace $(wc -l < ws-file)"
 if [ -e /usr/bin/node ]; then echo "image default"; else echo "image tiny"; fi
 `)
 	check := func(what, out, local, workspace string) {
 		t.Helper()
 		got := parseCodes(out)
-		if got["image"] != "tiny" || got["local"] != local || got["workspace"] != workspace {
-			t.Errorf("%s: image %q, VM-local lines %q, workspace lines %q; want tiny, %s, %s\n%s",
-				what, got["image"], got["local"], got["workspace"], local, workspace, out)
+		if got["user"] != "agent:10001" || got["image"] != "tiny" || got["local"] != local || got["workspace"] != workspace {
+			t.Errorf("%s: user %q, image %q, VM-local lines %q, workspace lines %q; want agent:10001, tiny, %s, %s\n%s",
+				what, got["user"], got["image"], got["local"], got["workspace"], local, workspace, out)
 		}
 	}
 	id, out := startAndWait(t, h, "life", "")

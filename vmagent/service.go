@@ -124,7 +124,10 @@ func (s *service) Exec(ctx context.Context, req *vmagentv1.ExecRequest) (*vmagen
 	s.mu.Unlock()
 
 	if user := req.GetUser(); user != "" {
-		if spec.cred, err = lookupUser(s.paths.etc, user); err != nil {
+		if !userPattern.MatchString(user) || req.GetUid() == 0 {
+			return nil, errdefs.InvalidArgument("exec %s: user %q with uid %d: want a name of lower-case letters, digits, '_' and '-' and a uid other than 0", spec.id, user, req.GetUid())
+		}
+		if spec.cred, err = runtimeUser(s.paths.etc, user, req.GetUid()); err != nil {
 			return nil, fmt.Errorf("exec %s: %w", spec.id, err)
 		}
 	}

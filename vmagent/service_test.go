@@ -270,6 +270,9 @@ func TestExecRefusesBadRequests(t *testing.T) {
 		{Id: "x4", Args: []string{"true"}, Env: []string{"=v"}},
 		{Id: "x5", Args: []string{"true"}, Cwd: "relative"},
 		{Id: "x6", Args: []string{"a\x00b"}},
+		// A user is written into the account files when the image lacks it.
+		{Id: "x7", Args: []string{"true"}, User: "a:0:0::/:/bin/sh\nb", Uid: 10001},
+		{Id: "x8", Args: []string{"true"}, User: "agent"},
 	} {
 		_, err := ta.api.Exec(ctx, req)
 		if !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrInvalidArgument) {

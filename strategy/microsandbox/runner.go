@@ -181,7 +181,7 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 		env = session.MergeEnv(env, session.CAEnv())
 	}
 	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: env, Cwd: spec.Workspace,
-		Stdin: true, Stdout: true, Stderr: true, User: session.VMRuntimeUser}); err != nil {
+		Stdin: true, Stdout: true, Stderr: true, User: session.VMRuntimeUser, Uid: session.VMRuntimeUID}); err != nil {
 		stdin.Close()
 		stdout.Close()
 		stderr.Close()

@@ -439,7 +439,11 @@ type ExecRequest struct {
 	// The guest user the process runs as, by name in the image's
 	// /etc/passwd, with its groups from /etc/group; empty: root. The
 	// session's runtime runs as the image's unprivileged runtime user.
-	User          string `protobuf:"bytes,8,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,8,opt,name=user,proto3" json:"user,omitempty"`
+	// The uid user must have (not 0): the host maps the shares for it. An
+	// image without user (a custom one) gets it added with this uid; an
+	// image where user or uid is something else is refused.
+	Uid           uint32 `protobuf:"varint,9,opt,name=uid,proto3" json:"uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -528,6 +532,13 @@ func (x *ExecRequest) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *ExecRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
 }
 
 type ExecResponse struct {
@@ -866,7 +877,7 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
 	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12$\n" +
 	"\x0esession_ca_pem\x18\x06 \x01(\tR\fsessionCaPem\"\x0f\n" +
-	"\rSetupResponse\"\xaf\x01\n" +
+	"\rSetupResponse\"\xc1\x01\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -875,7 +886,8 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\a \x01(\bR\x06stderr\x12\x12\n" +
-	"\x04user\x18\b \x01(\tR\x04user\" \n" +
+	"\x04user\x18\b \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18\t \x01(\rR\x03uid\" \n" +
 	"\fExecResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"I\n" +
 	"\rSignalRequest\x12\x0e\n" +
