@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -204,15 +205,22 @@ func checkGuestUser(t *testing.T, out, workspace string) {
 
 // TestClaudeOnHostUnderARootDaemon: on host under a root daemon, a session
 // of Claude Code is refused with the reason and the ways out, before
-// anything starts; with IS_SANDBOX=1 in the agent's env (this test machine
-// is a disposable sandbox of its own) the turn runs and writes its file.
+// anything starts. With sandbox.host.user (nobody here) the runtime runs
+// as that account and nothing else is needed: until the account can reach
+// the daemon's home, host is unavailable with the reason; then the turn
+// runs, its tool as nobody, and the agent's directories and the tool's
+// file belong to nobody.
 func TestClaudeOnHostUnderARootDaemon(t *testing.T) {
 	requireRoot(t)
-	api := &fakeAnthropic{}
-	d, _ := claudeAgent(t, api, "host", "")
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no account nobody: %v", err)
+	}
+	api := &fakeAnthropic{bash: `printf 'written by claude inside a boundary\n' > hello.txt; echo "uid $(id -u)"`}
+	d, ws := claudeAgent(t, api, "host", "")
 	c := startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
 	c.wait(1)
-	if !strings.Contains(c.stderr.String(), "refuses to run as root") || !strings.Contains(c.stderr.String(), "--strategy srt") {
+	if out := c.stderr.String(); !strings.Contains(out, "refuses to run as root") || !strings.Contains(out, "--strategy srt") || !strings.Contains(out, "sandbox.host.user") {
 		t.Errorf("chat under a root daemon on host:\n%s", c)
 	}
 	api.mu.Lock()
@@ -220,19 +228,78 @@ func TestClaudeOnHostUnderARootDaemon(t *testing.T) {
 		t.Errorf("the refused session called the API: %v", api.paths)
 	}
 	api.mu.Unlock()
-	var a struct{ Env []string }
-	okJSON(t, d.home, &a, "agent", "show", "claude")
-	args := []string{"agent", "edit", "claude", "--env", "IS_SANDBOX=1"}
-	for _, kv := range a.Env {
-		args = append(args, "--env", kv)
+	var shown struct {
+		Offered    bool
+		NotOffered string
 	}
-	ok(t, d.home, args...)
-	c = startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
+	okJSON(t, d.home, &shown, "agent", "show", "claude")
+	if shown.Offered || !strings.Contains(shown.NotOffered, "refuses to run as root") {
+		t.Errorf("agent show of the refused agent: %+v", shown)
+	}
+
+	cfg, err := os.ReadFile(filepath.Join(d.home, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeConfig(t, d.home, strings.TrimSuffix(strings.TrimSpace(string(cfg)), "}")+`, "sandbox": {"host": {"user": "nobody"}}}`)
+	ok(t, d.home, "restart")
+	var st statusOut
+	okJSON(t, d.home, &st, "status", "--json")
+	if st.Strategies[0].Name != "host" || st.Strategies[0].Available || !strings.Contains(st.Strategies[0].Reason, "cannot reach the daemon's home") {
+		t.Errorf("host with a home nobody cannot reach: %+v", st.Strategies[0])
+	}
+	// The test's temporary directories are 0700: the search bit for the
+	// account, on the way to the home and to the API's CA file.
+	ca := strings.TrimPrefix(envOf(t, d.home, "claude", "NODE_EXTRA_CA_CERTS"), "NODE_EXTRA_CA_CERTS=")
+	for _, start := range []string{filepath.Dir(d.home), filepath.Dir(ca)} {
+		for dir := start; dir != "/"; dir = filepath.Dir(dir) {
+			if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o001 == 0 {
+				os.Chmod(dir, fi.Mode().Perm()|0o001)
+			}
+		}
+	}
+	ok(t, d.home, "restart")
+	if okJSON(t, d.home, &shown, "agent", "show", "claude"); !shown.Offered {
+		t.Errorf("agent show with sandbox.host.user: %+v", shown)
+	}
+	c = startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json", "--keep")
 	c.wait(0)
 	if stop := c.stopReason(); stop != "end_turn" {
 		t.Errorf("the turn stopped with %q\n%s", stop, c)
 	}
 	checkClaudeFile(t, api, c)
+	if len(api.results) == 0 || !strings.Contains(api.results[0], "uid "+nobody.Uid) {
+		t.Errorf("the tool's uid: %q, want %s", api.results, nobody.Uid)
+	}
+	for _, p := range []string{ws, filepath.Join(ws, "hello.txt"), filepath.Join(filepath.Dir(ws), "home")} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil || fmt.Sprint(st.Uid) != nobody.Uid {
+			t.Errorf("%s: owned by uid %d (%v), want nobody's %s", p, st.Uid, err, nobody.Uid)
+		}
+	}
+	ds := c.of("daemon_session")
+	if len(ds) != 1 {
+		t.Fatalf("chat's daemon_session lines: %v", ds)
+	}
+	var sess struct{ RunAs string }
+	okJSON(t, d.home, &sess, "session", "show", fmt.Sprint(ds[0]["id"]))
+	if want := "nobody (uid " + nobody.Uid + ")"; sess.RunAs != want {
+		t.Errorf("session show's runAs: %q, want %q", sess.RunAs, want)
+	}
+	checkNoValue(t, d.home)
+}
+
+// envOf is the variable key of agent name's env, as KEY=VALUE ("" if none).
+func envOf(t *testing.T, home, name, key string) string {
+	t.Helper()
+	var a struct{ Env []string }
+	okJSON(t, home, &a, "agent", "show", name)
+	for _, kv := range a.Env {
+		if strings.HasPrefix(kv, key+"=") {
+			return kv
+		}
+	}
+	return ""
 }
 
 // claudeAgent is a daemon with a Claude Code agent "claude" in strategy

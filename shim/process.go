@@ -149,7 +149,8 @@ func (s *service) runHelper(name string, args ...string) ([]byte, error) {
 // the session's cgroup, then lets it exec argv[3:] (the init protocol: fd 3
 // releases it, fd 4 reports an exec failure, closed by a successful exec).
 // It returns the launcher's pid, its exit, and init's exec error if any.
-func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File) (int, <-chan syscall.WaitStatus, string, error) {
+// With cred, the launcher (init, then the runtime) runs as that account.
+func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (int, <-chan syscall.WaitStatus, string, error) {
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
 		return 0, nil, "", err
@@ -164,7 +165,7 @@ func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [
 	files := append([]*os.File{stdio[0], stdio[1], stdio[2], syncR, errW}, extra...)
 	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files,
 		// The session's own process group: kill(-pid) reaches its children.
-		Sys: &syscall.SysProcAttr{Setpgid: true}}
+		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
 	launcher, exitStatus, err := s.spawn("/proc/self/exe", argv, attr)
 	syncR.Close()
 	errW.Close()

@@ -82,9 +82,10 @@ func (h *Host) RunHelper(name string, args ...string) ([]byte, error) {
 }
 
 // StartInCgroup starts argv through "init" in its own process group and the
-// session's cgroup (see startInCgroup).
-func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File) (int, <-chan syscall.WaitStatus, string, error) {
-	return h.s.startInCgroup(argv, dir, env, stdio, extra)
+// session's cgroup, as cred's account when it is not nil (see
+// startInCgroup).
+func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (int, <-chan syscall.WaitStatus, string, error) {
+	return h.s.startInCgroup(argv, dir, env, stdio, extra, cred)
 }
 
 // KillCgroup kills every process in the session's cgroup, when it has one.

@@ -364,7 +364,7 @@ func sessionToProto(v view) *adminv1.Session {
 		Id: v.ID, Agent: v.Agent, AgentId: v.AgentID, Strategy: string(v.Strategy), State: v.State,
 		Pid: uint32(v.PID), ExitCode: int32(v.ExitCode), Reason: v.Reason, Run: v.Run,
 		CreatedAt: timestamppb.New(v.CreatedAt), OutputBytes: uint64(v.OutputBytes), Command: v.Command,
-		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits, NativeSandbox: v.NativeSandbox,
+		ShimPid: uint32(v.ShimPID), Cgroup: v.Cgroup, Limits: v.Limits, NativeSandbox: v.NativeSandbox, RunAs: v.RunAs,
 		Workspace: v.Workspace,
 	}
 	if !v.StartedAt.IsZero() {

@@ -285,11 +285,15 @@ func (s *Supervisor) deleteAgent(name string) error {
 	return errors.Join(errs...)
 }
 
-// offered says whether sessions of a can run here, and if not, why.
+// offered says whether sessions of a can run here, and if not, why: its
+// strategy is not offered, or its runtime refuses to run as this daemon
+// would run it.
 func (s *Supervisor) offered(a agent.Agent) (bool, string) {
-	r := s.strategyResult(a.Strategy)
-	if r.Available {
-		return true, ""
+	if r := s.strategyResult(a.Strategy); !r.Available {
+		return false, NotOffered + " " + r.Reason
 	}
-	return false, NotOffered + " " + r.Reason
+	if why := s.refusesRoot(a); why != "" {
+		return false, "Its sessions are refused: " + why
+	}
+	return true, ""
 }

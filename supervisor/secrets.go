@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
@@ -157,10 +158,11 @@ func (s *Supervisor) secretEnv(a agent.Agent) (recorded []string, private runSec
 var loginSeq atomic.Uint64
 
 // writeLogin puts a run's login credentials file into the agent's home,
-// where the runtime looks for it (0600, new directories 0700). The home is
+// where the runtime looks for it (0600, new directories 0700; owner's, the
+// account a host run runs as, when it is not nil). The home is
 // the boundary's to write, so no symlink is followed on the way: one the
 // runtime planted cannot send the write elsewhere.
-func writeLogin(home string, l *agent.Login, content string) error {
+func writeLogin(home string, l *agent.Login, content string, owner *session.RunAs) error {
 	fail := func(err error) error { return fmt.Errorf("the login's %s: %w", l.File, err) }
 	dir, err := unix.Open(home, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -169,7 +171,11 @@ func writeLogin(home string, l *agent.Login, content string) error {
 	defer func() { unix.Close(dir) }()
 	if parent := filepath.Dir(l.File); parent != "." {
 		for _, name := range strings.Split(parent, "/") {
-			if err := unix.Mkdirat(dir, name, 0o700); err != nil && err != unix.EEXIST {
+			err := unix.Mkdirat(dir, name, 0o700)
+			if err == nil && owner != nil {
+				err = unix.Fchownat(dir, name, int(owner.UID), int(owner.GID), unix.AT_SYMLINK_NOFOLLOW)
+			}
+			if err != nil && err != unix.EEXIST {
 				return fail(err)
 			}
 			next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -186,7 +192,12 @@ func writeLogin(home string, l *agent.Login, content string) error {
 		return fail(err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.WriteString(content)
+	if owner != nil {
+		err = f.Chown(int(owner.UID), int(owner.GID))
+	}
+	if err == nil {
+		_, err = f.WriteString(content)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

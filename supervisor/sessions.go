@@ -19,6 +19,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/hostuser"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
@@ -143,12 +144,18 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
+	if a.Strategy == strategy.Host && s.hostUser != nil {
+		spec.RunAs = s.hostUser
+		if err := handOver(agentDir, spec, a.SharedWorkspace == ""); err != nil {
+			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: hand its directories to sandbox.host.user %s: %w", a.Name, s.hostUser.Name, err)
+		}
+	}
 	recorded, private, err := s.secretEnv(a)
 	if err != nil {
 		return session.Spec{}, runSecrets{}, err
 	}
 	if a.Login != nil {
-		if err := writeLogin(spec.Home, a.Login, private.login); err != nil {
+		if err := writeLogin(spec.Home, a.Login, private.login, spec.RunAs); err != nil {
 			return session.Spec{}, runSecrets{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
@@ -192,6 +199,25 @@ func (s *Supervisor) buildSpec(a agent.Agent, command []string) (session.Spec, r
 	return spec, private, nil
 }
 
+// handOver lets spec.RunAs through agentDir (the search bit) and gives it
+// the agent's home, tmp and memory, and its workspace when it is the
+// agent's own (a shared workspace stays as its owner keeps it).
+func handOver(agentDir string, spec session.Spec, ownWorkspace bool) error {
+	if err := hostuser.OpenPath(agentDir); err != nil {
+		return err
+	}
+	dirs := []string{spec.Home, spec.Tmp, spec.Memory}
+	if ownWorkspace {
+		dirs = append(dirs, spec.Workspace)
+	}
+	for _, d := range dirs {
+		if err := hostuser.Own(d, spec.RunAs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // runtimeRun is how a run starts an agent's known runtime.
 type runtimeRun struct {
 	name    string
@@ -225,11 +251,8 @@ func (s *Supervisor) runtimeFor(a agent.Agent) (runtimeRun, error) {
 	args := append(slices.Clone(a.RuntimeArgs), ns.args...)
 	tree := s.runtimes.Dir(in)
 	if a.Strategy == strategy.Host {
-		if rt.RefusesRoot != "" && os.Geteuid() == 0 && !hasEnv(a.Env, rt.RootSwitch) {
-			return runtimeRun{}, errdefs.FailedPrecondition("agent %s: %s, and this daemon runs as root with no sandbox on host: "+
-				"run the daemon as an unprivileged user (the systemd unit runs as agentconnect), use --strategy srt or microsandbox, "+
-				"or, if this host is a disposable sandbox of its own, add %s=1 to the agent's env (agent edit %s --env, with its other variables: the list is replaced)",
-				a.Name, rt.RefusesRoot, rt.RootSwitch, a.Name)
+		if why := s.refusesRoot(a); why != "" {
+			return runtimeRun{}, errdefs.FailedPrecondition("agent %s: %s", a.Name, why)
 		}
 		run.command = rt.Command(tree, args)
 		return run, nil
@@ -238,6 +261,21 @@ func (s *Supervisor) runtimeFor(a agent.Agent) (runtimeRun, error) {
 	run.command = rt.Command(target, args)
 	run.mounts = append([]session.Mount{{Source: tree, Target: target, ReadOnly: true}}, ns.mounts...)
 	return run, nil
+}
+
+// refusesRoot says why a's known runtime will not start on host here (it
+// refuses root, and this daemon would run it as root), with the ways out;
+// "" when it starts.
+func (s *Supervisor) refusesRoot(a agent.Agent) string {
+	rt, known := runtimes.Known[a.Runtime]
+	if !known || a.Strategy != strategy.Host || rt.RefusesRoot == "" || os.Geteuid() != 0 || s.hostUser != nil || hasEnv(a.Env, rt.RootSwitch) {
+		return ""
+	}
+	return fmt.Sprintf("%s, and this daemon runs as root with no sandbox on host: "+
+		"set sandbox.host.user in the daemon's config (\"sandbox\": {\"host\": {\"user\": \"agentconnect\"}}) to run host runtimes as that account, "+
+		"run the daemon as an unprivileged user (the systemd unit runs as agentconnect), use --strategy srt or microsandbox, "+
+		"or, if this host is a disposable sandbox of its own, add %s=1 to the agent's env (agent edit %s --env, with its other variables: the list is replaced)",
+		rt.RefusesRoot, rt.RootSwitch, a.Name)
 }
 
 // hasEnv reports whether env (KEY=VALUE) sets key.
@@ -384,13 +422,11 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 		os.Remove(socket)
 		return err
 	}
-	renewed := slices.ContainsFunc(private.bindings, func(b *shimv1.Secret) bool { return b.TokenField != "" })
-	if (len(private.env) > 0 || len(private.bindings) > 0) && conn.apiVersion < shimv1.PrivateEnvAPIVersion ||
-		renewed && conn.apiVersion < shimv1.RenewAPIVersion {
+	if err := shimCanRun(conn.apiVersion, rec, private); err != nil {
 		conn.close()
 		s.stopShim(boot)
 		os.Remove(socket)
-		return errdefs.FailedPrecondition("session %s: the shim (pid %d) speaks shim API %d, which cannot take secrets; install agentconnect and its shims together (make install)", rec.ID, boot.PID, conn.apiVersion)
+		return errdefs.FailedPrecondition("session %s: the shim (pid %d) %v; install agentconnect and its shims together (make install)", rec.ID, boot.PID, err)
 	}
 	timeout := s.startTimeout()
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
@@ -405,6 +441,21 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 	ss.setRunning(conn, int(resp.Pid), time.Now())
 	log.WithFields(logrus.Fields{"pid": resp.Pid, "shim": boot.PID}).Info("session running")
 	go s.monitor(ss, conn, rec.Run)
+	return nil
+}
+
+// shimCanRun refuses a run that a shim speaking shim API version cannot
+// carry out as asked: it would drop secrets, or run as itself (root) what
+// should run as spec.runAs.
+func shimCanRun(version uint32, rec *session.Record, private runSecrets) error {
+	renewed := slices.ContainsFunc(private.bindings, func(b *shimv1.Secret) bool { return b.TokenField != "" })
+	if (len(private.env) > 0 || len(private.bindings) > 0) && version < shimv1.PrivateEnvAPIVersion ||
+		renewed && version < shimv1.RenewAPIVersion {
+		return fmt.Errorf("speaks shim API %d, which cannot take secrets", version)
+	}
+	if rec.Spec.RunAs != nil && version < shimv1.RunAsAPIVersion {
+		return fmt.Errorf("speaks shim API %d, which would run the runtime as itself, not as %s", version, rec.Spec.RunAs.Name)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -64,6 +65,7 @@ type view struct {
 	Limits             string
 	NativeSandbox      string
 	Workspace          string
+	RunAs              string
 }
 
 func (ss *sessionState) view() view {
@@ -74,6 +76,9 @@ func (ss *sessionState) view() view {
 		Run: ss.rec.Run, CreatedAt: ss.rec.CreatedAt, StartedAt: ss.startedAt, ExitedAt: ss.exitedAt,
 		Command: ss.rec.Spec.Command, Limits: ss.rec.Spec.LimitsNote, NativeSandbox: ss.rec.Spec.NativeSandbox,
 		Workspace: ss.rec.Spec.Workspace,
+	}
+	if u := ss.rec.Spec.RunAs; u != nil {
+		v.RunAs = fmt.Sprintf("%s (uid %d)", u.Name, u.UID)
 	}
 	if len(ss.rec.Spec.Cgroup) > 0 {
 		v.Cgroup = ss.rec.Spec.Cgroup[0]

@@ -19,8 +19,10 @@ import (
 	"github.com/sirupsen/logrus"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/config"
 	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/hostuser"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
@@ -73,6 +75,9 @@ type Supervisor struct {
 	store     agent.Store
 	secrets   *secret.Store
 	runtimes  *runtimes.Cache
+	// hostUser is the account host sessions run as (sandbox.host.user);
+	// nil: the daemon's own.
+	hostUser  *session.RunAs
 	events    *eventLog
 	log       *logrus.Logger
 	startedAt time.Time
@@ -147,7 +152,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	// no probe, and a restart with sessions alive should not wait for QEMU's.
 	probed := make(chan []probe.Result, 1)
 	go func() {
-		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary, VMImageBinary: opts.VMImageBinary})
+		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary, VMImageBinary: opts.VMImageBinary, Home: opts.Home})
 	}()
 	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
 	if !s.cgSupport.Available {
@@ -178,7 +183,36 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	if !probe.AnyAvailable(s.probes) {
 		return nil, noStrategyError(s.probes)
 	}
+	if err := s.setupHostUser(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// setupHostUser resolves sandbox.host.user when host sessions are to run
+// as it (a root daemon, another account), and lets it through the home to
+// its agents' directories and the runtime cache: the search bit only.
+func (s *Supervisor) setupHostUser() error {
+	name := s.cfg.Host.User
+	if name == "" || !s.strategyResult(strategy.Host).Available {
+		return nil
+	}
+	u, err := hostuser.Lookup(name)
+	if err != nil {
+		return err
+	}
+	if int(u.UID) == os.Geteuid() {
+		return nil
+	}
+	if err := hostuser.OpenPath(s.layout.Root, s.layout.AgentsDir()); err != nil {
+		return fmt.Errorf("sandbox.host.user %s: %w", name, err)
+	}
+	if err := s.runtimes.OpenTrees(); err != nil {
+		return fmt.Errorf("sandbox.host.user %s: the runtime cache: %w", name, err)
+	}
+	s.hostUser = u
+	s.log.WithFields(logrus.Fields{"user": name, "uid": u.UID}).Info("host sessions run as sandbox.host.user")
+	return nil
 }
 
 func (s *Supervisor) loadConfig() error {

@@ -71,11 +71,22 @@ type Spec struct {
 	// OutputLimitMiB bounds output.log: the run that reaches it is stopped
 	// (0, from an older supervisor, means DefaultOutputLimitMiB).
 	OutputLimitMiB int64 `json:"outputLimitMiB"`
+	// RunAs is the account a host session's runtime runs as (the daemon's
+	// sandbox.host.user under a root daemon); nil: the shim's own.
+	RunAs *RunAs `json:"runAs,omitempty"`
 	// Sandbox is the srt boundary's settings; nil for host sessions.
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
 	// VM is the microsandbox VM's settings; nil for other sessions. Its
 	// network policy is Sandbox's (AllowedDomains, DeniedDomains, Resolver).
 	VM *VM `json:"vm,omitempty"`
+}
+
+// RunAs is an account a runtime runs as, resolved by the supervisor.
+type RunAs struct {
+	Name   string   `json:"name"`
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups"`
 }
 
 // Sandbox is what the shim needs to build an srt boundary.

@@ -315,8 +315,12 @@ func newAgentListCommand(g *globals) *cobra.Command {
 				rows := [][]string{{"NAME", "STRATEGY", "COMMAND", "WORKSPACE"}}
 				for _, a := range resp.Agents {
 					strat := a.Strategy
-					if !a.Offered {
+					switch {
+					case a.Offered:
+					case strings.HasPrefix(a.NotOffered, "Not offered"):
 						strat += " (not offered)"
+					default:
+						strat += " (refused)"
 					}
 					ws := a.Workspace
 					if a.SharedWorkspace != "" {

@@ -133,6 +133,9 @@ func printSessionText(w io.Writer, s *adminv1.Session) {
 	}
 	fmt.Fprintf(w, "run:       %d\ncommand:   %s\nworkspace: %s\noutput:    %d bytes\nlimits:    %s\n",
 		s.Run, strings.Join(s.Command, " "), s.Workspace, s.OutputBytes, s.Limits)
+	if s.RunAs != "" {
+		fmt.Fprintf(w, "runs as:   %s\n", s.RunAs)
+	}
 	if s.NativeSandbox != "" {
 		fmt.Fprintf(w, "native sandbox: %s\n", s.NativeSandbox)
 	}

@@ -137,7 +137,7 @@ downloads nothing.`,
 			// Without these the microsandbox check says so.
 			vmShim, _ := findShim("agentconnect-shim-vm")
 			vmImage, _ := findShim("agentconnect-vmimage")
-			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), VMShimBinary: vmShim, VMImageBinary: vmImage})
+			results := probe.Run(cfg, probe.Env{ImageDir: findImageDir(), VMShimBinary: vmShim, VMImageBinary: vmImage, Home: layout.Root})
 			if asJSON {
 				out := []strategyJSON{}
 				for _, r := range results {

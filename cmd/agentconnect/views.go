@@ -145,8 +145,11 @@ type sessionJSON struct {
 	// "off: <why>"; empty for other runtimes.
 	NativeSandbox string `json:"nativeSandbox"`
 	// Workspace is the runtime's working directory, as it sees it.
-	Workspace string    `json:"workspace"`
-	Usage     usageJSON `json:"usage"`
+	Workspace string `json:"workspace"`
+	// RunAs is the account a host session runs as when it is not the
+	// daemon's (sandbox.host.user): "NAME (uid N)".
+	RunAs string    `json:"runAs"`
+	Usage usageJSON `json:"usage"`
 	// ViolationCount, Violations and ViolationsNotKept (`session show`):
 	// connections the network policy refused, every one counted; one
 	// entry per kind kept, the latest seen last; refusals of kinds beyond
@@ -242,7 +245,7 @@ func sessionView(s *adminv1.Session) sessionJSON {
 		PID: int(s.Pid), ExitCode: int(s.ExitCode), Reason: s.Reason, Run: int(s.Run),
 		CreatedAt: timeString(s.CreatedAt), StartedAt: timeString(s.StartedAt), ExitedAt: timeString(s.ExitedAt),
 		OutputBytes: int64(s.OutputBytes), Command: list(s.Command), ShimPID: int(s.ShimPid),
-		Cgroup: s.Cgroup, Limits: s.Limits, NativeSandbox: s.NativeSandbox, Workspace: s.Workspace,
+		Cgroup: s.Cgroup, Limits: s.Limits, NativeSandbox: s.NativeSandbox, Workspace: s.Workspace, RunAs: s.RunAs,
 	}
 	if u := s.Usage; u != nil {
 		v.Usage = usageJSON{MemoryBytes: u.MemoryBytes, Pids: u.Pids, CPUUsageNs: u.CpuUsageNs}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -29,6 +30,14 @@ type VM struct {
 	// Resolver is the DNS server ("IP:port") the VMs' network asks for
 	// the guests' names; empty: the system's resolver.
 	Resolver string `json:"resolver"`
+}
+
+// Host holds the host strategy's settings.
+type Host struct {
+	// User, when set, is the account host sessions' runtimes run as under
+	// a root daemon (a service user such as agentconnect): Claude Code,
+	// among others, refuses to run as root outside a sandbox.
+	User string `json:"user"`
 }
 
 // SRT holds the srt settings.
@@ -51,6 +60,7 @@ type Config struct {
 	OffReason map[strategy.Name]string
 	VM        VM
 	SRT       SRT
+	Host      Host
 	// Backend is the retired sandbox.backend: the sandbox legacy agents with
 	// runInSandbox on are mapped to. Empty when not set.
 	Backend strategy.Name
@@ -178,7 +188,7 @@ func (p *parser) sandbox(v any) {
 		v := obj[key]
 		switch key {
 		case "host":
-			p.offer(strategy.Host, p.boolean("sandbox.host", v))
+			p.host(v)
 		case "srt":
 			p.srt(v)
 		case "microsandbox":
@@ -204,6 +214,33 @@ func (p *parser) offer(n strategy.Name, on bool) {
 		p.c.OffReason[n] = fmt.Sprintf("sandbox.%s is off on this daemon", n)
 	}
 }
+
+func (p *parser) host(v any) {
+	switch v := v.(type) {
+	case bool:
+		p.offer(strategy.Host, v)
+		return
+	case map[string]any:
+		p.offer(strategy.Host, true)
+		for _, key := range sortedKeys(v) {
+			name := "sandbox.host." + key
+			switch key {
+			case "user":
+				p.c.Host.User = p.str(name, v[key])
+				if !userName.MatchString(p.c.Host.User) && p.err == nil {
+					p.fail(name, "want the name of an account such as \"agentconnect\", got %q", p.c.Host.User)
+				}
+			default:
+				p.unknown(name)
+			}
+		}
+		return
+	}
+	p.fail("sandbox.host", "want true, false or an object of host settings such as {\"user\": \"agentconnect\"}, got %s", describe(v))
+}
+
+// userName is an account name as useradd takes it.
+var userName = regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`)
 
 func (p *parser) srt(v any) {
 	switch v := v.(type) {

@@ -13,17 +13,18 @@ import (
 
 func TestParseRules(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		json    string
-		host    bool
-		srt     bool
-		ms      bool
-		reasons map[strategy.Name]string
-		vm      VM
-		backend strategy.Name
-		output  int      // OutputLimitMiB; 0 for the default
-		warns   []string // substrings, one per warning, in order
-		wantErr string   // substring
+		name     string
+		json     string
+		host     bool
+		srt      bool
+		ms       bool
+		reasons  map[strategy.Name]string
+		vm       VM
+		backend  strategy.Name
+		hostUser string
+		output   int      // OutputLimitMiB; 0 for the default
+		warns    []string // substrings, one per warning, in order
+		wantErr  string   // substring
 	}{
 		{name: "empty file is the default", json: "", host: true, srt: true, ms: true, vm: DefaultVM},
 		{name: "empty object", json: "{}", host: true, srt: true, ms: true, vm: DefaultVM},
@@ -74,7 +75,11 @@ func TestParseRules(t *testing.T) {
 			warns: []string{"unknown key apiUrl", "unknown key sandbox.gvisor", "unknown key sandbox.microsandbox.gpu", "unknown key security.x"},
 		},
 		{name: "sandbox not an object", json: `{"sandbox": true}`, wantErr: "sandbox: want an object"},
-		{name: "host wrong type", json: `{"sandbox": {"host": "yes"}}`, wantErr: `sandbox.host: want true or false, got the string "yes"`},
+		{name: "host wrong type", json: `{"sandbox": {"host": "yes"}}`, wantErr: `sandbox.host: want true, false or an object of host settings such as {"user": "agentconnect"}, got the string "yes"`},
+		{name: "host object offers it", json: `{"sandbox": {"host": {"user": "agentconnect"}}}`, host: true, srt: true, ms: true, vm: DefaultVM, hostUser: "agentconnect"},
+		{name: "host user not a name", json: `{"sandbox": {"host": {"user": "a:b"}}}`, wantErr: `sandbox.host.user: want the name of an account such as "agentconnect", got "a:b"`},
+		{name: "host user empty", json: `{"sandbox": {"host": {"user": ""}}}`, wantErr: `sandbox.host.user: want the name of an account`},
+		{name: "host user wrong type", json: `{"sandbox": {"host": {"user": 1000}}}`, wantErr: `sandbox.host.user: want a string, got 1000`},
 		{name: "srt object offers it", json: `{"sandbox": {"srt": {"resolver": "127.0.0.1:5353"}}}`, host: true, srt: true, ms: true, vm: DefaultVM},
 		{name: "srt bad resolver", json: `{"sandbox": {"srt": {"resolver": "dns.example"}}}`, wantErr: "sandbox.srt.resolver: want an IP address and port"},
 		{name: "srt wrong type", json: `{"sandbox": {"srt": 1}}`, wantErr: "sandbox.srt: want true, false or an object"},
@@ -125,6 +130,9 @@ func TestParseRules(t *testing.T) {
 			}
 			if want := cmp.Or(tc.output, session.DefaultOutputLimitMiB); c.OutputLimitMiB != want {
 				t.Errorf("OutputLimitMiB = %d, want %d", c.OutputLimitMiB, want)
+			}
+			if c.Host.User != tc.hostUser {
+				t.Errorf("Host.User = %q, want %q", c.Host.User, tc.hostUser)
 			}
 			if c.Backend != tc.backend {
 				t.Errorf("Backend = %q, want %q", c.Backend, tc.backend)

@@ -102,12 +102,13 @@ func (l Layout) Create() error {
 	}
 	// The home may have been made by hand with a looser mode: the sessions,
 	// sockets and agent secrets in it are for the daemon user alone (a
-	// socketGroup may traverse it to reach the admin socket).
+	// socketGroup may traverse it to reach the admin socket, and others
+	// to their own directories, sandbox.host.user's runtimes).
 	fi, err := os.Stat(l.Root)
 	if err != nil {
 		return fmt.Errorf("create home: %w", err)
 	}
-	if fi.Mode().Perm()&0o027 != 0 {
+	if fi.Mode().Perm()&0o026 != 0 {
 		if err := os.Chmod(l.Root, 0o700); err != nil {
 			return fmt.Errorf("create home: %w", err)
 		}

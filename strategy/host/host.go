@@ -1,8 +1,9 @@
 // Package host is the host strategy's runner: the runtime runs as a process
-// of the shim, as the daemon's user, with the environment, HOME and TMPDIR
-// the supervisor gave it, in the session's process group and cgroup, its
-// stdio on pipes the shim copies to the output log. A Boundary (srt) wraps
-// that process in a sandbox; without one there is none.
+// of the shim, as the daemon's user (or the account the supervisor names),
+// with the environment, HOME and TMPDIR the supervisor gave it, in the
+// session's process group and cgroup, its stdio on pipes the shim copies to
+// the output log. A Boundary (srt) wraps that process in a sandbox; without
+// one there is none.
 package host
 
 import (
@@ -105,7 +106,13 @@ func (r Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	if launch.Stderr != nil {
 		stdio[2] = launch.Stderr
 	}
-	launcher, exited, execErr, err := h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra)
+	// The account the supervisor named (sandbox.host.user); a boundary
+	// makes its own.
+	var cred *syscall.Credential
+	if u := spec.RunAs; u != nil && b == nil {
+		cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	}
+	launcher, exited, execErr, err := h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra, cred)
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
 		f.Close()
 	}

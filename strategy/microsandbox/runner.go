@@ -137,7 +137,7 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	}
 	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
 	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		[3]*os.File{devnull, consoleW, stderrW}, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
 	devnull.Close()
 	stderrW.Close()
 	consoleW.Close()

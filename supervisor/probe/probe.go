@@ -6,6 +6,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/internal/config"
+	"github.com/agentconnect-md/agentconnect/internal/hostuser"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -40,6 +42,8 @@ type Env struct {
 	// VMImageBinary prepares microsandbox's guest images
 	// (agentconnect-vmimage).
 	VMImageBinary string
+	// Home is the daemon's home, which sandbox.host.user must reach.
+	Home string
 }
 
 // checks are the live checks per strategy.
@@ -66,8 +70,11 @@ func Run(cfg *config.Config, env Env) []Result {
 			defer wg.Done()
 			r.Reason = checks[n](cfg, env)
 			r.Available = r.Reason == ""
-			if n == strategy.Microsandbox {
+			switch {
+			case n == strategy.Microsandbox:
 				r.Detail = fmt.Sprintf("%s accelerator, %s transport", cfg.VM.Accelerator, cfg.VM.Transport)
+			case n == strategy.Host && cfg.Host.User != "":
+				r.Detail = "runtimes run as " + cfg.Host.User
 			}
 		}(&results[i])
 	}
@@ -96,9 +103,12 @@ func Default(results []Result) strategy.Name {
 	return ""
 }
 
-func checkHost(*config.Config, Env) string {
+func checkHost(cfg *config.Config, env Env) string {
 	if runtime.GOOS != "linux" {
 		return "host sessions need Linux"
+	}
+	if cfg.Host.User != "" {
+		return hostuser.Check(cfg.Host.User, os.Geteuid(), env.Home)
 	}
 	return ""
 }

@@ -160,6 +160,11 @@ func (c *Cache) Install(ctx context.Context, name string, force bool) (Installed
 		return Installed{}, fmt.Errorf("runtime cache: %w", err)
 	}
 	defer os.RemoveAll(tmp) // gone once renamed
+	// MkdirTemp's 0700 would keep the tree from any other account: a host
+	// run as sandbox.host.user reads it too.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Installed{}, fmt.Errorf("runtime cache: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, installTimeout)
 	defer cancel()
 	npm := c.NPM
@@ -201,6 +206,33 @@ func (c *Cache) Install(ctx context.Context, name string, force bool) (Installed
 		return Installed{}, fmt.Errorf("runtime cache: %w", err)
 	}
 	return in, nil
+}
+
+// OpenTrees lets every account read the cached trees and reach them
+// (trees that releases before this one made 0700): they are npm packages,
+// nothing private, and a host run as sandbox.host.user runs them.
+func (c *Cache) OpenTrees() error {
+	dirs := []string{c.dir, filepath.Join(c.dir, "store")}
+	for _, name := range Names() {
+		if in, ok := c.Get(name); ok {
+			dirs = append(dirs, c.Dir(in))
+		}
+	}
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o055 != 0o055 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o055); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // lockDigest is the sha256 of a package-lock.json without the names npm

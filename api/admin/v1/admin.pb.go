@@ -1548,7 +1548,10 @@ type Session struct {
 	// "off: <why>"; empty for other runtimes.
 	NativeSandbox string `protobuf:"bytes,22,opt,name=native_sandbox,json=nativeSandbox,proto3" json:"native_sandbox,omitempty"`
 	// The runtime's working directory, as it sees it (the agent's workspace).
-	Workspace     string `protobuf:"bytes,23,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	Workspace string `protobuf:"bytes,23,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// The account a host session's runtime runs as when it is not the
+	// daemon's (sandbox.host.user), "NAME (uid N)"; empty otherwise.
+	RunAs         string `protobuf:"bytes,24,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1740,6 +1743,13 @@ func (x *Session) GetNativeSandbox() string {
 func (x *Session) GetWorkspace() string {
 	if x != nil {
 		return x.Workspace
+	}
+	return ""
+}
+
+func (x *Session) GetRunAs() string {
+	if x != nil {
+		return x.RunAs
 	}
 	return ""
 }
@@ -3218,7 +3228,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x1c.agentconnect.admin.v1.AgentR\x06agents\"(\n" +
 	"\x12DeleteAgentRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteAgentResponse\"\xa0\x06\n" +
+	"\x13DeleteAgentResponse\"\xb7\x06\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12\x19\n" +
@@ -3247,7 +3257,8 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"violations\x12.\n" +
 	"\x13violations_not_kept\x18\x15 \x01(\x04R\x11violationsNotKept\x12%\n" +
 	"\x0enative_sandbox\x18\x16 \x01(\tR\rnativeSandbox\x12\x1c\n" +
-	"\tworkspace\x18\x17 \x01(\tR\tworkspace\"\xfc\x01\n" +
+	"\tworkspace\x18\x17 \x01(\tR\tworkspace\x12\x15\n" +
+	"\x06run_as\x18\x18 \x01(\tR\x05runAs\"\xfc\x01\n" +
 	"\tViolation\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x12\n" +

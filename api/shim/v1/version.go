@@ -7,7 +7,12 @@ package shimv1
 //
 // 2: StartRequest.env and secrets.
 // 3: Secret.name, token_hosts and token_field; SecretUpdates.
-const APIVersion = 3
+// 4: session.json's spec.runAs (a host session's account).
+const APIVersion = 4
+
+// RunAsAPIVersion is the first version that runs a host session as the
+// account spec.runAs names: an older shim would run it as itself (root).
+const RunAsAPIVersion = 4
 
 // RenewAPIVersion is the first version that renews secrets (SecretUpdates).
 const RenewAPIVersion = 3
