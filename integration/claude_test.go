@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strings"
@@ -169,7 +170,21 @@ func toolResults(body []byte) []string {
 // file is written in the workspace.
 func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 	requireBwrap(t)
-	claudeTurnWithABoundKey(t, "srt", "")
+	claudeTurnWithABoundKey(t, "srt", "", false)
+}
+
+// TestClaudeOwnSandboxInNestedSRT: with nestedSandbox under an unprivileged
+// daemon, Claude Code's own sandbox runs inside srt (managed settings: on,
+// failing closed, its network through the session's proxy): its Bash
+// tool writes the file in the workspace and is refused a write in /run,
+// which srt alone allows.
+func TestClaudeOwnSandboxInNestedSRT(t *testing.T) {
+	requireRoot(t) // to make the unprivileged daemon's home
+	requireBwrap(t)
+	if _, err := exec.LookPath("socat"); err != nil {
+		t.Skip("no socat, which Claude Code's sandbox needs (make deps installs it)")
+	}
+	claudeTurnWithABoundKey(t, "srt", "", true)
 }
 
 // TestClaudeTurnInMicrosandboxWithABoundKey: the same turn in a VM, its
@@ -179,7 +194,7 @@ func TestClaudeTurnInSRTWithABoundKey(t *testing.T) {
 // sandbox is off, with the reason.
 func TestClaudeTurnInMicrosandboxWithABoundKey(t *testing.T) {
 	requireMicrosandbox(t)
-	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`)
+	claudeTurnWithABoundKey(t, "microsandbox", `, "sandbox": {"microsandbox": {"accelerator": "tcg", "transport": "serial", "cpus": 2, "memoryMiB": 1024}}`, false)
 }
 
 // checkGuestUser checks a VM tool's output of id: the runtime ran as the
@@ -306,17 +321,45 @@ func envOf(t *testing.T, home, name, key string) string {
 // (config: keys besides trustedCAFile), its key bound from the secrets
 // store, talking to api; it returns the daemon and the workspace.
 func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*daemon, string) {
+	return claudeAgentOf(t, api, strategy, config, false)
+}
+
+// claudeAgentOf is claudeAgent; nested: in srt with nestedSandbox, under a
+// daemon running as nobody, where Claude Code's own sandbox runs too.
+func claudeAgentOf(t *testing.T, api *fakeAnthropic, strategy, config string, nested bool) (*daemon, string) {
 	requireNPM(t)
-	home := newHome(t)
 	srv := httptest.NewTLSServer(api)
 	t.Cleanup(srv.Close)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
-	caFile := filepath.Join(t.TempDir(), "api-ca.pem")
+	var home string
+	var d *daemon
+	if nested {
+		home = nobodyHome(t)
+	} else {
+		home = newHome(t)
+	}
+	caFile := filepath.Join(filepath.Dir(home), fmt.Sprintf("api-ca-%d.pem", port))
 	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644)
-	writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
-	d := startDaemon(t, home)
+	t.Cleanup(func() { os.Remove(caFile) })
+	cfg := writeConfig(t, home, `{"trustedCAFile": "`+caFile+`"`+config+`}`)
+	if nested {
+		os.Chown(cfg, nobody, nobody)
+		// npm's cache the daemon's own.
+		cache := filepath.Join(home, "npm-cache")
+		os.Mkdir(cache, 0o700)
+		os.Chown(cache, nobody, nobody)
+		t.Setenv("npm_config_cache", cache)
+		d = &daemon{t: t, home: home, cred: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		d.start()
+		t.Cleanup(d.cleanup)
+	} else {
+		d = startDaemon(t, home)
+	}
 	hostPort := fmt.Sprintf("host.agentconnect.internal:%d", port)
 	extra := []string{"--allow-domain", hostPort}
+	if nested {
+		extra = append(extra, "--nested-sandbox")
+	}
 	if strategy == "host" {
 		// No proxy: the runtime dials the loopback and trusts the API's
 		// certificate itself, as a user would tell it to.
@@ -334,12 +377,20 @@ func claudeAgent(t *testing.T, api *fakeAnthropic, strategy, config string) (*da
 // claudeTurnWithABoundKey runs the turn in strategy, with config keys
 // besides trustedCAFile, through chat. The runtime is the known one, from
 // the daemon's runtime cache.
-func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
+// nested: in srt with nestedSandbox under an unprivileged daemon, where
+// Claude Code's own sandbox runs inside.
+func claudeTurnWithABoundKey(t *testing.T, strategy, config string, nested bool) {
 	api := &fakeAnthropic{}
-	if strategy == "microsandbox" {
+	switch {
+	case strategy == "microsandbox":
 		api.bash = `printf 'written by claude inside a boundary\n' > hello.txt; id; touch /var/lib/agentconnect/data/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
+	case nested:
+		// /run is the srt sandbox's own tmpfs: srt allows the write,
+		// Claude Code's sandbox (the workspace and its temporary
+		// directory) does not.
+		api.bash = `printf 'written by claude inside a boundary\n' > hello.txt; touch /run/outside && echo RUN-WRITTEN || echo RUN-REFUSED`
 	}
-	d, ws := claudeAgent(t, api, strategy, config)
+	d, ws := claudeAgentOf(t, api, strategy, config, nested)
 	c := startChat(t, d.home, "", "claude", "WRITE-THE-FILE hello.txt, please", "--yes", "--json")
 	c.wait(0)
 	if stop := c.stopReason(); stop != "end_turn" {
@@ -369,12 +420,20 @@ func claudeTurnWithABoundKey(t *testing.T, strategy, config string) {
 		t.Fatal("the Messages API was never called")
 	}
 	checkNoValue(t, d.home)
+	sess := c.of("daemon_session")
+	if nested {
+		if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), "on: Claude Code's sandbox") {
+			t.Errorf("Claude Code's own sandbox, as chat shows it: %+v, want on", sess)
+		}
+		if len(api.results) == 0 || !strings.Contains(api.results[0], "RUN-REFUSED") {
+			t.Errorf("a write srt allows and Claude Code's sandbox does not: %q", api.results)
+		}
+	}
 	if strategy != "microsandbox" {
 		return
 	}
 	// Under TCG Claude Code's sandbox cannot start its bridges in time:
 	// off, with the reason, and the write the VM allows goes through.
-	sess := c.of("daemon_session")
 	if len(sess) != 1 || !strings.HasPrefix(fmt.Sprint(sess[0]["nativeSandbox"]), "off: microsandbox under TCG") {
 		t.Errorf("Claude Code's own sandbox, as chat shows it: %+v, want off under TCG", sess)
 	}

@@ -73,7 +73,6 @@ deny mount mount -t tmpfs none "$TMPDIR"
 deny ptrace-pid1 py 'sys.exit(0 if libc.ptrace(16, 1, 0, 0) == 0 else 1)'
 deny write-proc1-mem sh -c 'echo x > /proc/1/mem'
 deny host-unix-socket py 's=socket.socket(socket.AF_UNIX); s.connect(os.environ["T_ADMIN_SOCK"])'
-deny af-unix py 'socket.socket(socket.AF_UNIX)'
 deny io-uring py 'p=ctypes.create_string_buffer(120); sys.exit(0 if libc.syscall(425, 8, p) >= 0 else 1)'
 deny pidfd-getfd py 'import subprocess; c=subprocess.Popen(["sleep", "5"]); r=libc.syscall(438, os.pidfd_open(c.pid), 0, 0); c.kill(); sys.exit(0 if r >= 0 else 1)'
 deny open-by-handle py 'h=ctypes.create_string_buffer(b"\x08\0\0\0\x01\0\0\0\x02" + bytes(7), 16); sys.exit(0 if libc.open_by_handle_at(os.open("/usr", os.O_RDONLY), h, 0) >= 0 else 1)'
@@ -103,6 +102,7 @@ allow write-home sh -c 'echo x > "$HOME/home.txt"'
 allow write-tmp sh -c 'echo x > /tmp/t && echo x > "$TMPDIR/t"'
 allow git-work sh -c 'echo a > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm a && git branch b2 && git log --oneline | grep -q a && git status --porcelain | grep -vq .mcp.json'
 allow git-init-elsewhere sh -c 'mkdir sub && cd sub && git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m x'
+allow af-unix py 's=socket.socket(socket.AF_UNIX); s.bind("u.sock"); s.listen(); c=socket.socket(socket.AF_UNIX); c.connect("u.sock")'
 allow node node -e 'console.log(1+1)'
 allow python python3 -c 'print(2)'
 allow node-child-process node -e "require('child_process').execSync('true')"
@@ -411,7 +411,7 @@ func TestSRTSetupFailureIsReported(t *testing.T) {
 func TestBatteryDetectsEscapes(t *testing.T) {
 	home := newHome(t)
 	startDaemon(t, home)
-	names := []string{"read-daemon-secret", "read-host-tmp", "af-unix", "many-pids", "git-hook-write", "workspace-mcp", "loopback-direct"}
+	names := []string{"read-daemon-secret", "read-host-tmp", "host-unix-socket", "many-pids", "git-hook-write", "workspace-mcp", "loopback-direct"}
 	var script strings.Builder
 	for _, line := range strings.Split(battery, "\n") {
 		keep := strings.HasPrefix(line, "deny() ") || strings.HasPrefix(line, "py() ")

@@ -18,6 +18,7 @@ PACKAGES="
 	bubblewrap
 	iproute2 curl python3 nodejs
 	qemu-system-x86 e2fsprogs busybox-static
+	chromium socat
 "
 # What each is for:
 #   make, ca-certificates (the Go module proxy over HTTPS), git (the version
@@ -38,6 +39,9 @@ PACKAGES="
 #   git also brings git-http-backend, the tests' git server over HTTPS
 #   qemu-system-x86 (brings virtiofsd), e2fsprogs (mke2fs, debugfs,
 #     dumpe2fs): microsandbox; busybox-static: the guest agent's own VM tests
+#   chromium: a headless browser inside srt, among the developer tools whose
+#     unix sockets the tests check; socat: Claude Code's own sandbox (its
+#     bridges) inside a nested srt sandbox
 # scripts/build-image.sh installs what the image build needs.
 
 missing=""

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -63,6 +64,9 @@ func (s *Supervisor) nativeSandboxFor(a agent.Agent) (nativeSandbox, error) {
 		}
 		return ns, nil
 	case "claude":
+		if why == "" && a.Strategy == strategy.SRT {
+			why = claudeSandboxTools()
+		}
 		if why == "" && a.Strategy == strategy.Microsandbox && s.cfg.VM.Accelerator == "tcg" {
 			why = "microsandbox under TCG: Claude Code gives its sandbox's two socat bridges about 600 ms to listen, " +
 				"and an emulated VM takes 800 to 1000 ms to start them (with KVM it turns on)"
@@ -73,6 +77,18 @@ func (s *Supervisor) nativeSandboxFor(a agent.Agent) (nativeSandbox, error) {
 		return s.claudeSandbox(a)
 	}
 	return nativeSandbox{}, nil
+}
+
+// claudeSandboxTools says which program Claude Code's sandbox needs is
+// missing from the host, whose programs srt shows (Claude Code would
+// refuse to start with its sandbox on, failIfUnavailable), or "".
+func claudeSandboxTools() string {
+	for _, p := range [][2]string{{"bwrap", "bubblewrap"}, {"socat", "socat"}} {
+		if _, err := exec.LookPath(p[0]); err != nil {
+			return fmt.Sprintf("%s is not installed on this host, and Claude Code's sandbox needs it (apt-get install %s)", p[0], p[1])
+		}
+	}
+	return ""
 }
 
 // claudeManaged is the part of Claude Code's managed settings (its highest
@@ -149,7 +165,7 @@ func nestedUnavailable(a agent.Agent) string {
 	case strategy.Host:
 		return "host strategy: the runtime's own settings apply (AgentConnect turns it on inside srt and microsandbox)"
 	case strategy.Microsandbox:
-		return "" // the image has bubblewrap, and the runtime is root in its own kernel
+		return "" // the image has bubblewrap, and the guest's kernel gives its user namespaces
 	}
 	if !a.NestedSandbox {
 		return fmt.Sprintf("srt without nestedSandbox: no user namespace can be made inside (agent edit %s --nested-sandbox allows it)", a.Name)

@@ -105,3 +105,25 @@ func TestNativeSandboxFor(t *testing.T) {
 		}
 	}
 }
+
+// TestClaudeSandboxTools: without socat (or bwrap) on the host's PATH,
+// which srt shows, Claude Code's sandbox is off with the package to
+// install.
+func TestClaudeSandboxTools(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"bwrap", "socat"} {
+		os.WriteFile(filepath.Join(dir, p), []byte("#!/bin/sh\n"), 0o755)
+	}
+	t.Setenv("PATH", dir)
+	if why := claudeSandboxTools(); why != "" {
+		t.Errorf("with both: %q", why)
+	}
+	os.Remove(filepath.Join(dir, "socat"))
+	if why := claudeSandboxTools(); !strings.Contains(why, "apt-get install socat") {
+		t.Errorf("without socat: %q", why)
+	}
+	os.Remove(filepath.Join(dir, "bwrap"))
+	if why := claudeSandboxTools(); !strings.Contains(why, "apt-get install bubblewrap") {
+		t.Errorf("without bwrap: %q", why)
+	}
+}

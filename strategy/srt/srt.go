@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,6 +163,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
 		NestedSandbox: sb.NestedSandbox, Command: spec.Command, Credentials: sb.Credentials,
 		Ledger: protect.LedgerPath(sb.DaemonHome), CABundle: caFile,
+		SocketCache: filepath.Join(sb.DaemonHome, "run", "host-sockets.json"),
 	}, exe, true)
 	if err != nil {
 		return host.Launch{}, err

@@ -27,6 +27,8 @@ type builder struct {
 	// readOnlyLater are tmpfs directories made for new mount points, made
 	// read-only once the mounts are in.
 	readOnlyLater []string
+	// view is what the sandbox shows of the host, for its sockets.
+	view view
 }
 
 func (b *builder) add(args ...string) { b.args = append(b.args, args...) }
@@ -75,6 +77,12 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 	roots, err := protect.OpenAgentDirs(cfg.AgentDir, cfg.SharedWorkspace, cfg.Workspace, cfg.Home, cfg.Memory, cfg.Tmp)
 	if err != nil {
 		return nil, err
+	}
+	for _, r := range roots {
+		b.view.binds = append(b.view.binds, bind{r.Host, r.Target})
+	}
+	for _, m := range cfg.Mounts {
+		b.view.binds = append(b.view.binds, bind{m.Source, m.Target})
 	}
 	roFiles := map[int]*os.File{}
 	closeAll := func() {
@@ -139,6 +147,15 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 		return nil, err
 	}
 	b.hideCredentials(cfg)
+	// Unix sockets are the sandbox's to make and use (seccomp allows
+	// them); the host's are covered wherever the view shows one.
+	socks, err := b.view.hostSockets(cfg.SocketCache)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range socks {
+		b.add("--ro-bind", "/dev/null", p)
+	}
 	b.add("--ro-bind-fd", b.fd(dup(exe)), ShimPath)
 	if cfg.CABundle != nil {
 		b.add("--ro-bind-fd", b.fd(dup(cfg.CABundle)), session.CABundlePath)
@@ -196,6 +213,7 @@ func (b *builder) systemView(cfg Config) error {
 			b.add("--symlink", target, p)
 		default:
 			b.add("--ro-bind", p, p)
+			b.view.tops = append(b.view.tops, p)
 		}
 	}
 	hidden := append([]string{"/var/tmp", cfg.DaemonHome}, cfg.Hidden...)
@@ -205,6 +223,7 @@ func (b *builder) systemView(cfg Config) error {
 			continue
 		}
 		b.add("--tmpfs", h)
+		b.view.hidden = append(b.view.hidden, h)
 	}
 	return nil
 }
@@ -238,6 +257,7 @@ func (b *builder) hideCredentials(cfg Config) {
 			} else {
 				b.add("--ro-bind", "/dev/null", inside)
 			}
+			b.view.covered = append(b.view.covered, inside)
 		}
 	}
 }

@@ -63,6 +63,10 @@ type Config struct {
 	// DaemonHome is hidden entirely; the agent's directories inside it are
 	// bound back at their own paths.
 	DaemonHome string
+	// SocketCache keeps, across starts, where walks found the host's
+	// sockets that their names do not lead to (see view.hostSockets);
+	// "" for none.
+	SocketCache string
 	// Hidden are more directories to hide: the daemon user's home, other
 	// users' homes. The system's /home, /root, /tmp, /var/tmp and /run are
 	// always replaced by empty ones.

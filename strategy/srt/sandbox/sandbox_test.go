@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"os"
 	"testing"
 )
@@ -46,5 +47,31 @@ func TestMakeRoomSplitsReadOnlyParent(t *testing.T) {
 	b.makeRoom("/tmp/x/y", Config{})
 	if len(b.args) != 0 {
 		t.Errorf("args %q, want none", b.args)
+	}
+}
+
+// TestViewInside: where the view shows a host path: through the system's
+// read-only view unless hidden, and through each bind that holds it, minus
+// what is covered inside.
+func TestViewInside(t *testing.T) {
+	v := view{
+		tops:    []string{"/usr", "/srv", "/var"},
+		hidden:  []string{"/var/tmp", "/srv/home"},
+		binds:   []bind{{"/srv/home/agents/a/workspace", "/srv/home/agents/a/workspace"}, {"/srv/data", "/data"}},
+		covered: []string{"/data/.ssh"},
+	}
+	for p, want := range map[string]string{
+		"/usr/local/s.sock":                   "[/usr/local/s.sock]",
+		"/var/tmp/s.sock":                     "[]",
+		"/tmp/s.sock":                         "[]",
+		"/srv/home/other/s.sock":              "[]",
+		"/srv/home/agents/a/workspace/s.sock": "[/srv/home/agents/a/workspace/s.sock]",
+		"/srv/data/s.sock":                    "[/data/s.sock /srv/data/s.sock]",
+		"/srv/data/.ssh/agent.sock":           "[/srv/data/.ssh/agent.sock]",
+		"/srv/homestead/s.sock":               "[/srv/homestead/s.sock]",
+	} {
+		if got := fmt.Sprint(v.inside(p)); got != want {
+			t.Errorf("inside(%s) = %s, want %s", p, got, want)
+		}
 	}
 }

@@ -60,10 +60,11 @@ func deny(name string, nr, ret uint32) rule {
 // policy lists the refused syscalls; everything else is allowed. Each syscall
 // appears at most once (its block ends in a return either way).
 var policy = []rule{
-	// Unix sockets reach host daemons, netlink the kernel's configuration, vsock the hypervisor (domain: low 32 bits, an int).
+	// Netlink reaches the kernel's configuration, vsock the hypervisor (domain: low 32 bits, an int). Unix sockets
+	// are the sandbox's own: the host's are hidden from its view, and abstract ones belong to its network namespace.
 	// A nested sandbox brings up its own loopback over netlink: that one is lifted with it.
 	{name: "socket", nr: unix.SYS_SOCKET, ret: retEPERM, arg: 0,
-		anyOf: []uint32{unix.AF_UNIX, unix.AF_NETLINK, unix.AF_VSOCK}, nestedLifts: []uint32{unix.AF_NETLINK}},
+		anyOf: []uint32{unix.AF_NETLINK, unix.AF_VSOCK}, nestedLifts: []uint32{unix.AF_NETLINK}},
 
 	// IORING_OP_SOCKET and friends would run socket(2) without passing the filter.
 	deny("io_uring_setup", unix.SYS_IO_URING_SETUP, retEPERM),
