@@ -50,6 +50,9 @@ type service struct {
 	// memory only.
 	secrets []*shimv1.Secret
 
+	// fwd are the run's forwards from the host's loopback into the session.
+	fwd forwards
+
 	renewMu sync.Mutex // guards the fields below
 	// renewed are the secrets renewed by their token endpoints during the
 	// run, by name: their latest values, for SecretUpdates.
@@ -189,6 +192,7 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 	}
 	go func() {
 		exit := run.Wait()
+		s.closeForwards()
 		s.finish(exit.State, exit.Code, exit.Reason)
 		// What outlives the reported exit goes after it: no one waits for
 		// it, and a session started meanwhile may share it.

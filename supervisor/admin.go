@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
 	"time"
@@ -276,6 +277,43 @@ func (a *adminService) CloseStdin(ctx context.Context, req *adminv1.CloseStdinRe
 
 func (a *adminService) Attach(ctx context.Context, req *adminv1.AttachRequest, srv adminv1.Admin_AttachServer) error {
 	return rpcstatus.ToStatus(a.s.attach(ctx, req.Id, int64(req.Offset), req.Follow, req.Stdin, srv.Send))
+}
+
+func (a *adminService) Forward(ctx context.Context, req *adminv1.ForwardRequest, srv adminv1.Admin_ForwardServer) error {
+	if req.Port < 1 || req.Port > 65535 || req.HostPort > 65535 {
+		return rpcstatus.ToStatus(errdefs.InvalidArgument("forward: port %d to host port %d: want ports from 1 to 65535 (host port 0: any free one)", req.Port, req.HostPort))
+	}
+	return rpcstatus.ToStatus(a.s.forward(ctx, req.Session, req.HostPort, req.Port, req.Detach, func(f *shimv1.Forward) error {
+		return srv.Send(forwardToProto(f))
+	}))
+}
+
+func (a *adminService) Unforward(ctx context.Context, req *adminv1.UnforwardRequest) (*adminv1.UnforwardResponse, error) {
+	address := ""
+	if req.HostPort != 0 {
+		address = fmt.Sprintf("127.0.0.1:%d", req.HostPort)
+	}
+	n, err := a.s.closeForwards(ctx, req.Session, address, req.All)
+	if err != nil {
+		return nil, rpcstatus.ToStatus(err)
+	}
+	return &adminv1.UnforwardResponse{Closed: uint32(n)}, nil
+}
+
+func (a *adminService) ListForwards(ctx context.Context, req *adminv1.ListForwardsRequest) (*adminv1.ListForwardsResponse, error) {
+	fs, err := a.s.listForwards(ctx, req.Session)
+	if err != nil {
+		return nil, rpcstatus.ToStatus(err)
+	}
+	resp := &adminv1.ListForwardsResponse{}
+	for _, f := range fs {
+		resp.Forwards = append(resp.Forwards, forwardToProto(f))
+	}
+	return resp, nil
+}
+
+func forwardToProto(f *shimv1.Forward) *adminv1.SessionForward {
+	return &adminv1.SessionForward{Address: f.Address, HostPort: f.HostPort, Port: f.Port, Detached: f.Detached, Connections: f.Connections}
 }
 
 func (a *adminService) Events(ctx context.Context, req *adminv1.EventsRequest, srv adminv1.Admin_EventsServer) error {

@@ -296,6 +296,15 @@ func (r refusingAdmin) WriteStdin(context.Context, *adminv1.WriteStdinRequest) (
 func (r refusingAdmin) CloseStdin(context.Context, *adminv1.CloseStdinRequest) (*adminv1.CloseStdinResponse, error) {
 	return nil, r.err
 }
+func (r refusingAdmin) Forward(context.Context, *adminv1.ForwardRequest, adminv1.Admin_ForwardServer) error {
+	return r.err
+}
+func (r refusingAdmin) Unforward(context.Context, *adminv1.UnforwardRequest) (*adminv1.UnforwardResponse, error) {
+	return nil, r.err
+}
+func (r refusingAdmin) ListForwards(context.Context, *adminv1.ListForwardsRequest) (*adminv1.ListForwardsResponse, error) {
+	return nil, r.err
+}
 func (r refusingAdmin) Attach(context.Context, *adminv1.AttachRequest, adminv1.Admin_AttachServer) error {
 	return r.err
 }

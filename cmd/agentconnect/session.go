@@ -26,7 +26,8 @@ reason: its shim died). Session ids may be shortened to a unique prefix.`,
 	}
 	cmd.AddCommand(newSessionStartCommand(g), newSessionResumeCommand(g), newSessionListCommand(g),
 		newSessionShowCommand(g), newSessionAttachCommand(g), newSessionLogsCommand(g),
-		newSessionStopCommand(g), newSessionKillCommand(g), newSessionWaitCommand(g), newSessionRemoveCommand(g))
+		newSessionStopCommand(g), newSessionKillCommand(g), newSessionWaitCommand(g), newSessionRemoveCommand(g),
+		newSessionForwardCommand(g), newSessionForwardsCommand(g), newSessionUnforwardCommand(g))
 	return cmd
 }
 

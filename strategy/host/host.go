@@ -7,6 +7,9 @@
 package host
 
 import (
+	"context"
+	"errors"
+	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -157,6 +160,16 @@ type process struct {
 	execErr  string // init's, when it could not exec
 	outputs  []*os.File
 	copiers  sync.WaitGroup
+}
+
+// DialInside connects into the boundary's network (srt's); the host
+// strategy has none of its own (the shim refuses its forwards).
+func (p *process) DialInside(ctx context.Context, port int) (net.Conn, error) {
+	d, ok := p.b.(shim.Dialer)
+	if !ok {
+		return nil, errors.New("no network of its own: the session runs in the host's")
+	}
+	return d.DialInside(ctx, port)
 }
 
 func (p *process) Signal(sig syscall.Signal, all bool) error {

@@ -218,6 +218,12 @@ func (vm *vmRun) Wait() shim.Exit {
 // Release has nothing left to free: stop did, the VM being gone.
 func (vm *vmRun) Release() {}
 
+// DialInside connects to port on the guest's address through the VM's
+// network, for a forward from the host's loopback.
+func (vm *vmRun) DialInside(ctx context.Context, port int) (net.Conn, error) {
+	return vm.network.DialGuest(ctx, port)
+}
+
 // startNetwork listens where QEMU's NIC connects and serves the VM's
 // user-mode network, judged by the session's policy.
 func (vm *vmRun) startNetwork() error {

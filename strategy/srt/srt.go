@@ -58,6 +58,7 @@ type srtRun struct {
 
 	mu        sync.Mutex // guards the fields below
 	listeners []net.Listener
+	netns     *os.File // the sandbox's network namespace, for forwards
 	setupErr  strings.Builder
 	ready     bool // sandbox-exec ran: bwrap built the sandbox
 }
@@ -273,6 +274,15 @@ func (r *srtRun) started() (nsInit, runtimePID int, err error) {
 	if nsInit == 0 {
 		return 0, 0, errSandboxEnded
 	}
+	// Held from now on: a forward's connections are made in it, however
+	// the pids inside come and go.
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", nsInit))
+	if err != nil {
+		return 0, 0, fmt.Errorf("the sandbox's network namespace: %w", err)
+	}
+	r.mu.Lock()
+	r.netns = ns
+	r.mu.Unlock()
 	return nsInit, runtimeOf(nsInit), nil
 }
 
@@ -375,6 +385,10 @@ func (r *srtRun) Stop(h *shim.Host) {
 	r.mu.Lock()
 	for _, l := range r.listeners {
 		l.Close()
+	}
+	if r.netns != nil {
+		r.netns.Close()
+		r.netns = nil
 	}
 	r.mu.Unlock()
 	r.setupR.Close()

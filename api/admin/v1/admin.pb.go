@@ -3107,6 +3107,342 @@ func (x *InstallRuntimeRequest) GetUpdate() bool {
 	return false
 }
 
+type ForwardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	HostPort      uint32                 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"` // on 127.0.0.1; 0: any free port
+	Port          uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`                         // inside the session
+	Detach        bool                   `protobuf:"varint,4,opt,name=detach,proto3" json:"detach,omitempty"`                     // stays after the stream ends
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRequest) Reset() {
+	*x = ForwardRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRequest) ProtoMessage() {}
+
+func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ForwardRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ForwardRequest) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetDetach() bool {
+	if x != nil {
+		return x.Detach
+	}
+	return false
+}
+
+type SessionForward struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"` // host:port on the host's loopback
+	HostPort      uint32                 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"`
+	Port          uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Detached      bool                   `protobuf:"varint,4,opt,name=detached,proto3" json:"detached,omitempty"`
+	Connections   uint64                 `protobuf:"varint,5,opt,name=connections,proto3" json:"connections,omitempty"` // accepted so far
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionForward) Reset() {
+	*x = SessionForward{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionForward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionForward) ProtoMessage() {}
+
+func (x *SessionForward) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionForward.ProtoReflect.Descriptor instead.
+func (*SessionForward) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SessionForward) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *SessionForward) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *SessionForward) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *SessionForward) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
+}
+
+func (x *SessionForward) GetConnections() uint64 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+type UnforwardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	HostPort      uint32                 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"` // the forward's
+	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnforwardRequest) Reset() {
+	*x = UnforwardRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnforwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnforwardRequest) ProtoMessage() {}
+
+func (x *UnforwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnforwardRequest.ProtoReflect.Descriptor instead.
+func (*UnforwardRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *UnforwardRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *UnforwardRequest) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *UnforwardRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type UnforwardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Closed        uint32                 `protobuf:"varint,1,opt,name=closed,proto3" json:"closed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnforwardResponse) Reset() {
+	*x = UnforwardResponse{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnforwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnforwardResponse) ProtoMessage() {}
+
+func (x *UnforwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnforwardResponse.ProtoReflect.Descriptor instead.
+func (*UnforwardResponse) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *UnforwardResponse) GetClosed() uint32 {
+	if x != nil {
+		return x.Closed
+	}
+	return 0
+}
+
+type ListForwardsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListForwardsRequest) Reset() {
+	*x = ListForwardsRequest{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListForwardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListForwardsRequest) ProtoMessage() {}
+
+func (x *ListForwardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListForwardsRequest.ProtoReflect.Descriptor instead.
+func (*ListForwardsRequest) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ListForwardsRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+type ListForwardsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forwards      []*SessionForward      `protobuf:"bytes,1,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListForwardsResponse) Reset() {
+	*x = ListForwardsResponse{}
+	mi := &file_api_admin_v1_admin_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListForwardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListForwardsResponse) ProtoMessage() {}
+
+func (x *ListForwardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_admin_v1_admin_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListForwardsResponse.ProtoReflect.Descriptor instead.
+func (*ListForwardsResponse) Descriptor() ([]byte, []int) {
+	return file_api_admin_v1_admin_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListForwardsResponse) GetForwards() []*SessionForward {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
 var File_api_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_api_admin_v1_admin_proto_rawDesc = "" +
@@ -3343,14 +3679,35 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\bruntimes\x18\x01 \x03(\v2\x1e.agentconnect.admin.v1.RuntimeR\bruntimes\"C\n" +
 	"\x15InstallRuntimeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06update\x18\x02 \x01(\bR\x06update*C\n" +
+	"\x06update\x18\x02 \x01(\bR\x06update\"s\n" +
+	"\x0eForwardRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x16\n" +
+	"\x06detach\x18\x04 \x01(\bR\x06detach\"\x99\x01\n" +
+	"\x0eSessionForward\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1a\n" +
+	"\bdetached\x18\x04 \x01(\bR\bdetached\x12 \n" +
+	"\vconnections\x18\x05 \x01(\x04R\vconnections\"[\n" +
+	"\x10UnforwardRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\"+\n" +
+	"\x11UnforwardResponse\x12\x16\n" +
+	"\x06closed\x18\x01 \x01(\rR\x06closed\"/\n" +
+	"\x13ListForwardsRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"Y\n" +
+	"\x14ListForwardsResponse\x12A\n" +
+	"\bforwards\x18\x01 \x03(\v2%.agentconnect.admin.v1.SessionForwardR\bforwards*C\n" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x01\x12\n" +
 	"\n" +
 	"\x06STDERR\x10\x02\x12\t\n" +
-	"\x05STDIN\x10\x032\x83\x11\n" +
+	"\x05STDIN\x10\x032\xa7\x13\n" +
 	"\x05Admin\x12U\n" +
 	"\x06Status\x12$.agentconnect.admin.v1.StatusRequest\x1a%.agentconnect.admin.v1.StatusResponse\x12V\n" +
 	"\vCreateAgent\x12).agentconnect.admin.v1.CreateAgentRequest\x1a\x1c.agentconnect.admin.v1.Agent\x12V\n" +
@@ -3378,7 +3735,10 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12(.agentconnect.admin.v1.CloseStdinRequest\x1a).agentconnect.admin.v1.CloseStdinResponse\x12T\n" +
 	"\x06Attach\x12$.agentconnect.admin.v1.AttachRequest\x1a\".agentconnect.admin.v1.OutputChunk0\x01\x12N\n" +
-	"\x06Events\x12$.agentconnect.admin.v1.EventsRequest\x1a\x1c.agentconnect.admin.v1.Event0\x01B>Z<github.com/agentconnect-md/agentconnect/api/admin/v1;adminv1b\x06proto3"
+	"\x06Events\x12$.agentconnect.admin.v1.EventsRequest\x1a\x1c.agentconnect.admin.v1.Event0\x01\x12Y\n" +
+	"\aForward\x12%.agentconnect.admin.v1.ForwardRequest\x1a%.agentconnect.admin.v1.SessionForward0\x01\x12^\n" +
+	"\tUnforward\x12'.agentconnect.admin.v1.UnforwardRequest\x1a(.agentconnect.admin.v1.UnforwardResponse\x12g\n" +
+	"\fListForwards\x12*.agentconnect.admin.v1.ListForwardsRequest\x1a+.agentconnect.admin.v1.ListForwardsResponseB>Z<github.com/agentconnect-md/agentconnect/api/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_api_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -3393,7 +3753,7 @@ func file_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_api_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_api_admin_v1_admin_proto_goTypes = []any{
 	(Stream)(0),                   // 0: agentconnect.admin.v1.Stream
 	(*StatusRequest)(nil),         // 1: agentconnect.admin.v1.StatusRequest
@@ -3444,86 +3804,99 @@ var file_api_admin_v1_admin_proto_goTypes = []any{
 	(*ListRuntimesRequest)(nil),   // 46: agentconnect.admin.v1.ListRuntimesRequest
 	(*ListRuntimesResponse)(nil),  // 47: agentconnect.admin.v1.ListRuntimesResponse
 	(*InstallRuntimeRequest)(nil), // 48: agentconnect.admin.v1.InstallRuntimeRequest
-	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
+	(*ForwardRequest)(nil),        // 49: agentconnect.admin.v1.ForwardRequest
+	(*SessionForward)(nil),        // 50: agentconnect.admin.v1.SessionForward
+	(*UnforwardRequest)(nil),      // 51: agentconnect.admin.v1.UnforwardRequest
+	(*UnforwardResponse)(nil),     // 52: agentconnect.admin.v1.UnforwardResponse
+	(*ListForwardsRequest)(nil),   // 53: agentconnect.admin.v1.ListForwardsRequest
+	(*ListForwardsResponse)(nil),  // 54: agentconnect.admin.v1.ListForwardsResponse
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
 }
 var file_api_admin_v1_admin_proto_depIdxs = []int32{
-	49, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	55, // 0: agentconnect.admin.v1.StatusResponse.started_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: agentconnect.admin.v1.StatusResponse.strategies:type_name -> agentconnect.admin.v1.Strategy
 	3,  // 2: agentconnect.admin.v1.StatusResponse.cgroups:type_name -> agentconnect.admin.v1.Cgroups
 	5,  // 3: agentconnect.admin.v1.Agent.mounts:type_name -> agentconnect.admin.v1.Mount
 	6,  // 4: agentconnect.admin.v1.Agent.resources:type_name -> agentconnect.admin.v1.Resources
-	49, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	55, // 5: agentconnect.admin.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
 	9,  // 6: agentconnect.admin.v1.Agent.secrets:type_name -> agentconnect.admin.v1.SecretBinding
 	8,  // 7: agentconnect.admin.v1.Agent.login:type_name -> agentconnect.admin.v1.Login
-	49, // 8: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
-	49, // 9: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 8: agentconnect.admin.v1.Secret.created_at:type_name -> google.protobuf.Timestamp
+	55, // 9: agentconnect.admin.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
 	10, // 10: agentconnect.admin.v1.ListSecretsResponse.secrets:type_name -> agentconnect.admin.v1.Secret
 	7,  // 11: agentconnect.admin.v1.CreateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 12: agentconnect.admin.v1.UpdateAgentRequest.agent:type_name -> agentconnect.admin.v1.Agent
 	7,  // 13: agentconnect.admin.v1.ListAgentsResponse.agents:type_name -> agentconnect.admin.v1.Agent
-	49, // 14: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	49, // 15: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
-	49, // 16: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
+	55, // 14: agentconnect.admin.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	55, // 15: agentconnect.admin.v1.Session.started_at:type_name -> google.protobuf.Timestamp
+	55, // 16: agentconnect.admin.v1.Session.exited_at:type_name -> google.protobuf.Timestamp
 	25, // 17: agentconnect.admin.v1.Session.usage:type_name -> agentconnect.admin.v1.Usage
 	24, // 18: agentconnect.admin.v1.Session.violations:type_name -> agentconnect.admin.v1.Violation
-	49, // 19: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
-	49, // 20: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
+	55, // 19: agentconnect.admin.v1.Violation.time:type_name -> google.protobuf.Timestamp
+	55, // 20: agentconnect.admin.v1.Violation.first_time:type_name -> google.protobuf.Timestamp
 	23, // 21: agentconnect.admin.v1.ListSessionsResponse.sessions:type_name -> agentconnect.admin.v1.Session
 	0,  // 22: agentconnect.admin.v1.OutputChunk.stream:type_name -> agentconnect.admin.v1.Stream
-	49, // 23: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
-	49, // 24: agentconnect.admin.v1.Runtime.installed_at:type_name -> google.protobuf.Timestamp
+	55, // 23: agentconnect.admin.v1.Event.time:type_name -> google.protobuf.Timestamp
+	55, // 24: agentconnect.admin.v1.Runtime.installed_at:type_name -> google.protobuf.Timestamp
 	45, // 25: agentconnect.admin.v1.ListRuntimesResponse.runtimes:type_name -> agentconnect.admin.v1.Runtime
-	1,  // 26: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
-	16, // 27: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
-	17, // 28: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
-	18, // 29: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
-	19, // 30: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
-	21, // 31: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
-	11, // 32: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
-	12, // 33: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
-	14, // 34: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
-	46, // 35: agentconnect.admin.v1.Admin.ListRuntimes:input_type -> agentconnect.admin.v1.ListRuntimesRequest
-	48, // 36: agentconnect.admin.v1.Admin.InstallRuntime:input_type -> agentconnect.admin.v1.InstallRuntimeRequest
-	26, // 37: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
-	27, // 38: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
-	28, // 39: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
-	30, // 40: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
-	31, // 41: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
-	32, // 42: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
-	34, // 43: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
-	35, // 44: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
-	37, // 45: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
-	39, // 46: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
-	41, // 47: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
-	43, // 48: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
-	4,  // 49: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
-	7,  // 50: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 51: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
-	7,  // 52: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
-	20, // 53: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
-	22, // 54: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
-	10, // 55: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
-	13, // 56: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
-	15, // 57: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
-	47, // 58: agentconnect.admin.v1.Admin.ListRuntimes:output_type -> agentconnect.admin.v1.ListRuntimesResponse
-	45, // 59: agentconnect.admin.v1.Admin.InstallRuntime:output_type -> agentconnect.admin.v1.Runtime
-	23, // 60: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
-	23, // 61: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
-	29, // 62: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
-	23, // 63: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
-	23, // 64: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
-	33, // 65: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
-	23, // 66: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
-	36, // 67: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
-	38, // 68: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
-	40, // 69: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
-	42, // 70: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
-	44, // 71: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
-	49, // [49:72] is the sub-list for method output_type
-	26, // [26:49] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	50, // 26: agentconnect.admin.v1.ListForwardsResponse.forwards:type_name -> agentconnect.admin.v1.SessionForward
+	1,  // 27: agentconnect.admin.v1.Admin.Status:input_type -> agentconnect.admin.v1.StatusRequest
+	16, // 28: agentconnect.admin.v1.Admin.CreateAgent:input_type -> agentconnect.admin.v1.CreateAgentRequest
+	17, // 29: agentconnect.admin.v1.Admin.UpdateAgent:input_type -> agentconnect.admin.v1.UpdateAgentRequest
+	18, // 30: agentconnect.admin.v1.Admin.GetAgent:input_type -> agentconnect.admin.v1.GetAgentRequest
+	19, // 31: agentconnect.admin.v1.Admin.ListAgents:input_type -> agentconnect.admin.v1.ListAgentsRequest
+	21, // 32: agentconnect.admin.v1.Admin.DeleteAgent:input_type -> agentconnect.admin.v1.DeleteAgentRequest
+	11, // 33: agentconnect.admin.v1.Admin.SetSecret:input_type -> agentconnect.admin.v1.SetSecretRequest
+	12, // 34: agentconnect.admin.v1.Admin.ListSecrets:input_type -> agentconnect.admin.v1.ListSecretsRequest
+	14, // 35: agentconnect.admin.v1.Admin.RemoveSecret:input_type -> agentconnect.admin.v1.RemoveSecretRequest
+	46, // 36: agentconnect.admin.v1.Admin.ListRuntimes:input_type -> agentconnect.admin.v1.ListRuntimesRequest
+	48, // 37: agentconnect.admin.v1.Admin.InstallRuntime:input_type -> agentconnect.admin.v1.InstallRuntimeRequest
+	26, // 38: agentconnect.admin.v1.Admin.StartSession:input_type -> agentconnect.admin.v1.StartSessionRequest
+	27, // 39: agentconnect.admin.v1.Admin.ResumeSession:input_type -> agentconnect.admin.v1.ResumeSessionRequest
+	28, // 40: agentconnect.admin.v1.Admin.ListSessions:input_type -> agentconnect.admin.v1.ListSessionsRequest
+	30, // 41: agentconnect.admin.v1.Admin.GetSession:input_type -> agentconnect.admin.v1.GetSessionRequest
+	31, // 42: agentconnect.admin.v1.Admin.StopSession:input_type -> agentconnect.admin.v1.StopSessionRequest
+	32, // 43: agentconnect.admin.v1.Admin.KillSession:input_type -> agentconnect.admin.v1.KillSessionRequest
+	34, // 44: agentconnect.admin.v1.Admin.WaitSession:input_type -> agentconnect.admin.v1.WaitSessionRequest
+	35, // 45: agentconnect.admin.v1.Admin.RemoveSession:input_type -> agentconnect.admin.v1.RemoveSessionRequest
+	37, // 46: agentconnect.admin.v1.Admin.WriteStdin:input_type -> agentconnect.admin.v1.WriteStdinRequest
+	39, // 47: agentconnect.admin.v1.Admin.CloseStdin:input_type -> agentconnect.admin.v1.CloseStdinRequest
+	41, // 48: agentconnect.admin.v1.Admin.Attach:input_type -> agentconnect.admin.v1.AttachRequest
+	43, // 49: agentconnect.admin.v1.Admin.Events:input_type -> agentconnect.admin.v1.EventsRequest
+	49, // 50: agentconnect.admin.v1.Admin.Forward:input_type -> agentconnect.admin.v1.ForwardRequest
+	51, // 51: agentconnect.admin.v1.Admin.Unforward:input_type -> agentconnect.admin.v1.UnforwardRequest
+	53, // 52: agentconnect.admin.v1.Admin.ListForwards:input_type -> agentconnect.admin.v1.ListForwardsRequest
+	4,  // 53: agentconnect.admin.v1.Admin.Status:output_type -> agentconnect.admin.v1.StatusResponse
+	7,  // 54: agentconnect.admin.v1.Admin.CreateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 55: agentconnect.admin.v1.Admin.UpdateAgent:output_type -> agentconnect.admin.v1.Agent
+	7,  // 56: agentconnect.admin.v1.Admin.GetAgent:output_type -> agentconnect.admin.v1.Agent
+	20, // 57: agentconnect.admin.v1.Admin.ListAgents:output_type -> agentconnect.admin.v1.ListAgentsResponse
+	22, // 58: agentconnect.admin.v1.Admin.DeleteAgent:output_type -> agentconnect.admin.v1.DeleteAgentResponse
+	10, // 59: agentconnect.admin.v1.Admin.SetSecret:output_type -> agentconnect.admin.v1.Secret
+	13, // 60: agentconnect.admin.v1.Admin.ListSecrets:output_type -> agentconnect.admin.v1.ListSecretsResponse
+	15, // 61: agentconnect.admin.v1.Admin.RemoveSecret:output_type -> agentconnect.admin.v1.RemoveSecretResponse
+	47, // 62: agentconnect.admin.v1.Admin.ListRuntimes:output_type -> agentconnect.admin.v1.ListRuntimesResponse
+	45, // 63: agentconnect.admin.v1.Admin.InstallRuntime:output_type -> agentconnect.admin.v1.Runtime
+	23, // 64: agentconnect.admin.v1.Admin.StartSession:output_type -> agentconnect.admin.v1.Session
+	23, // 65: agentconnect.admin.v1.Admin.ResumeSession:output_type -> agentconnect.admin.v1.Session
+	29, // 66: agentconnect.admin.v1.Admin.ListSessions:output_type -> agentconnect.admin.v1.ListSessionsResponse
+	23, // 67: agentconnect.admin.v1.Admin.GetSession:output_type -> agentconnect.admin.v1.Session
+	23, // 68: agentconnect.admin.v1.Admin.StopSession:output_type -> agentconnect.admin.v1.Session
+	33, // 69: agentconnect.admin.v1.Admin.KillSession:output_type -> agentconnect.admin.v1.KillSessionResponse
+	23, // 70: agentconnect.admin.v1.Admin.WaitSession:output_type -> agentconnect.admin.v1.Session
+	36, // 71: agentconnect.admin.v1.Admin.RemoveSession:output_type -> agentconnect.admin.v1.RemoveSessionResponse
+	38, // 72: agentconnect.admin.v1.Admin.WriteStdin:output_type -> agentconnect.admin.v1.WriteStdinResponse
+	40, // 73: agentconnect.admin.v1.Admin.CloseStdin:output_type -> agentconnect.admin.v1.CloseStdinResponse
+	42, // 74: agentconnect.admin.v1.Admin.Attach:output_type -> agentconnect.admin.v1.OutputChunk
+	44, // 75: agentconnect.admin.v1.Admin.Events:output_type -> agentconnect.admin.v1.Event
+	50, // 76: agentconnect.admin.v1.Admin.Forward:output_type -> agentconnect.admin.v1.SessionForward
+	52, // 77: agentconnect.admin.v1.Admin.Unforward:output_type -> agentconnect.admin.v1.UnforwardResponse
+	54, // 78: agentconnect.admin.v1.Admin.ListForwards:output_type -> agentconnect.admin.v1.ListForwardsResponse
+	53, // [53:79] is the sub-list for method output_type
+	27, // [27:53] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_api_admin_v1_admin_proto_init() }
@@ -3537,7 +3910,7 @@ func file_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_admin_v1_admin_proto_rawDesc), len(file_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   48,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

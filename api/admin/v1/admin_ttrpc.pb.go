@@ -31,6 +31,9 @@ type AdminService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	Attach(context.Context, *AttachRequest, Admin_AttachServer) error
 	Events(context.Context, *EventsRequest, Admin_EventsServer) error
+	Forward(context.Context, *ForwardRequest, Admin_ForwardServer) error
+	Unforward(context.Context, *UnforwardRequest) (*UnforwardResponse, error)
+	ListForwards(context.Context, *ListForwardsRequest) (*ListForwardsResponse, error)
 }
 
 type Admin_AttachServer interface {
@@ -56,6 +59,19 @@ type adminEventsServer struct {
 }
 
 func (x *adminEventsServer) Send(m *Event) error {
+	return x.StreamServer.SendMsg(m)
+}
+
+type Admin_ForwardServer interface {
+	Send(*SessionForward) error
+	ttrpc.StreamServer
+}
+
+type adminForwardServer struct {
+	ttrpc.StreamServer
+}
+
+func (x *adminForwardServer) Send(m *SessionForward) error {
 	return x.StreamServer.SendMsg(m)
 }
 
@@ -209,6 +225,20 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 				}
 				return svc.CloseStdin(ctx, &req)
 			},
+			"Unforward": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UnforwardRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Unforward(ctx, &req)
+			},
+			"ListForwards": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListForwardsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListForwards(ctx, &req)
+			},
 		},
 		Streams: map[string]ttrpc.Stream{
 			"Attach": {
@@ -229,6 +259,17 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 						return nil, err
 					}
 					return nil, svc.Events(ctx, m, &adminEventsServer{stream})
+				},
+				StreamingClient: false,
+				StreamingServer: true,
+			},
+			"Forward": {
+				Handler: func(ctx context.Context, stream ttrpc.StreamServer) (interface{}, error) {
+					m := new(ForwardRequest)
+					if err := stream.RecvMsg(m); err != nil {
+						return nil, err
+					}
+					return nil, svc.Forward(ctx, m, &adminForwardServer{stream})
 				},
 				StreamingClient: false,
 				StreamingServer: true,
@@ -261,6 +302,9 @@ type AdminClient interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	Attach(context.Context, *AttachRequest) (Admin_AttachClient, error)
 	Events(context.Context, *EventsRequest) (Admin_EventsClient, error)
+	Forward(context.Context, *ForwardRequest) (Admin_ForwardClient, error)
+	Unforward(context.Context, *UnforwardRequest) (*UnforwardResponse, error)
+	ListForwards(context.Context, *ListForwardsRequest) (*ListForwardsResponse, error)
 }
 
 type adminClient struct {
@@ -497,4 +541,49 @@ func (x *adminEventsClient) Recv() (*Event, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+func (c *adminClient) Forward(ctx context.Context, req *ForwardRequest) (Admin_ForwardClient, error) {
+	stream, err := c.client.NewStream(ctx, &ttrpc.StreamDesc{
+		StreamingClient: false,
+		StreamingServer: true,
+	}, "agentconnect.admin.v1.Admin", "Forward", req)
+	if err != nil {
+		return nil, err
+	}
+	x := &adminForwardClient{stream}
+	return x, nil
+}
+
+type Admin_ForwardClient interface {
+	Recv() (*SessionForward, error)
+	ttrpc.ClientStream
+}
+
+type adminForwardClient struct {
+	ttrpc.ClientStream
+}
+
+func (x *adminForwardClient) Recv() (*SessionForward, error) {
+	m := new(SessionForward)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *adminClient) Unforward(ctx context.Context, req *UnforwardRequest) (*UnforwardResponse, error) {
+	var resp UnforwardResponse
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "Unforward", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) ListForwards(ctx context.Context, req *ListForwardsRequest) (*ListForwardsResponse, error) {
+	var resp ListForwardsResponse
+	if err := c.client.Call(ctx, "agentconnect.admin.v1.Admin", "ListForwards", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
 }

@@ -164,18 +164,54 @@ func repeatedMessageField[T any, PT interface {
 			return b
 		},
 		consume: func(b []byte) (int, error) {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return n, nil
+			m, n, err := consumeMessage[T, PT](num, b)
+			if m != nil {
+				*p = append(*p, m)
 			}
-			m := new(T)
-			if err := unmarshal(v, PT(m)); err != nil {
-				return n, fmt.Errorf("field %d: %w", num, err)
-			}
-			*p = append(*p, m)
-			return n, nil
+			return n, err
 		},
 	}
+}
+
+// messageField is a message of type T; nil is no field.
+func messageField[T any, PT interface {
+	*T
+	message
+}](num protowire.Number, p **T) field {
+	return field{
+		num: num, typ: protowire.BytesType,
+		append: func(b []byte) []byte {
+			if *p == nil {
+				return b
+			}
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			return protowire.AppendBytes(b, marshal(PT(*p)))
+		},
+		consume: func(b []byte) (int, error) {
+			m, n, err := consumeMessage[T, PT](num, b)
+			if m != nil {
+				*p = m
+			}
+			return n, err
+		},
+	}
+}
+
+// consumeMessage reads a message of type T, field num, from the front of
+// b: the message (nil when b is short, n < 0) and the bytes taken.
+func consumeMessage[T any, PT interface {
+	*T
+	message
+}](num protowire.Number, b []byte) (*T, int, error) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return nil, n, nil
+	}
+	m := new(T)
+	if err := unmarshal(v, PT(m)); err != nil {
+		return nil, n, fmt.Errorf("field %d: %w", num, err)
+	}
+	return m, n, nil
 }
 
 // timestamp is google.protobuf.Timestamp: seconds = 1, nanos = 2.

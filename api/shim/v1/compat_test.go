@@ -72,6 +72,15 @@ var pairs = []struct {
 	{&SecretUpdatesResponse{}, &shimpb.SecretUpdatesResponse{}},
 	{&SecretUpdatesResponse{Generation: 3, Updates: []*SecretUpdate{{Name: "a", Value: "ü"}, {}}, Ended: true},
 		&shimpb.SecretUpdatesResponse{Generation: 3, Updates: []*shimpb.SecretUpdate{{Name: "a", Value: "ü"}, {}}, Ended: true}},
+	{&ForwardRequest{HostPort: 65535, Port: 1, Detach: true}, &shimpb.ForwardRequest{HostPort: 65535, Port: 1, Detach: true}},
+	{&ForwardResponse{}, &shimpb.ForwardResponse{}},
+	{&ForwardResponse{Forward: &Forward{}}, &shimpb.ForwardResponse{Forward: &shimpb.Forward{}}},
+	{&ForwardResponse{Forward: &Forward{Address: "127.0.0.1:8080", HostPort: 8080, Port: 3000, Detached: true, Connections: 1 << 40}},
+		&shimpb.ForwardResponse{Forward: &shimpb.Forward{Address: "127.0.0.1:8080", HostPort: 8080, Port: 3000, Detached: true, Connections: 1 << 40}}},
+	{&UnforwardRequest{Address: "127.0.0.1:8080", Attached: true}, &shimpb.UnforwardRequest{Address: "127.0.0.1:8080", Attached: true}},
+	{&UnforwardResponse{Closed: 4}, &shimpb.UnforwardResponse{Closed: 4}},
+	{&ListForwardsRequest{}, &shimpb.ListForwardsRequest{}},
+	{&ListForwardsResponse{Forwards: []*Forward{{Address: "a", Port: 1}, {}}}, &shimpb.ListForwardsResponse{Forwards: []*shimpb.Forward{{Address: "a", Port: 1}, {}}}},
 }
 
 // TestEncodingIsProtobufs: every message encodes to the bytes protobuf's
@@ -158,6 +167,18 @@ func (fakeShim) SecretUpdates(_ context.Context, r *shimpb.SecretUpdatesRequest)
 	return &shimpb.SecretUpdatesResponse{Generation: r.After + 1, Updates: []*shimpb.SecretUpdate{{Name: "n", Value: "v"}}}, nil
 }
 
+func (fakeShim) Forward(_ context.Context, r *shimpb.ForwardRequest) (*shimpb.ForwardResponse, error) {
+	return &shimpb.ForwardResponse{Forward: &shimpb.Forward{Address: "127.0.0.1:40001", HostPort: 40001, Port: r.Port, Detached: r.Detach}}, nil
+}
+
+func (fakeShim) Unforward(_ context.Context, r *shimpb.UnforwardRequest) (*shimpb.UnforwardResponse, error) {
+	return &shimpb.UnforwardResponse{Closed: 2}, nil
+}
+
+func (fakeShim) ListForwards(context.Context, *shimpb.ListForwardsRequest) (*shimpb.ListForwardsResponse, error) {
+	return &shimpb.ListForwardsResponse{Forwards: []*shimpb.Forward{{Address: "127.0.0.1:40001", HostPort: 40001, Port: 8080, Connections: 3}}}, nil
+}
+
 func listen(t *testing.T) (net.Listener, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "shim.sock")
@@ -212,6 +233,15 @@ func TestClientOfLibraryServer(t *testing.T) {
 	}
 	if u, err := shim.SecretUpdates(ctx, &SecretUpdatesRequest{After: 4}); err != nil || u.Generation != 5 || len(u.Updates) != 1 || *u.Updates[0] != (SecretUpdate{Name: "n", Value: "v"}) {
 		t.Errorf("SecretUpdates: %+v, %v", u, err)
+	}
+	if f, err := shim.Forward(ctx, &ForwardRequest{Port: 8080, Detach: true}); err != nil || f.Forward == nil || *f.Forward != (Forward{Address: "127.0.0.1:40001", HostPort: 40001, Port: 8080, Detached: true}) {
+		t.Errorf("Forward: %+v, %v", f, err)
+	}
+	if u, err := shim.Unforward(ctx, &UnforwardRequest{Attached: true}); err != nil || u.Closed != 2 {
+		t.Errorf("Unforward: %+v, %v", u, err)
+	}
+	if l, err := shim.ListForwards(ctx, &ListForwardsRequest{}); err != nil || len(l.Forwards) != 1 || l.Forwards[0].Connections != 3 {
+		t.Errorf("ListForwards: %+v, %v", l, err)
 	}
 	for name, call := range map[string]func() error{
 		"Kill":       func() error { _, err := shim.Kill(ctx, &KillRequest{Signal: 9, All: true}); return err },

@@ -210,3 +210,67 @@ type SecretUpdate struct {
 func (m *SecretUpdate) fields() []field {
 	return []field{stringField(1, &m.Name), stringField(2, &m.Value)}
 }
+
+// ForwardRequest opens a listener on the host's loopback (HostPort, or any
+// free port when 0) whose connections reach Port inside the session. A
+// forward not Detach-ed lasts as long as the command that asked for it:
+// a new supervisor closes such forwards (Unforward with Attached). API 5.
+type ForwardRequest struct {
+	HostPort uint32
+	Port     uint32
+	Detach   bool
+}
+
+func (m *ForwardRequest) fields() []field {
+	return []field{uint32Field(1, &m.HostPort), uint32Field(2, &m.Port), boolField(3, &m.Detach)}
+}
+
+// Forward is one forward of a run.
+type Forward struct {
+	Address     string // host:port on the host's loopback
+	HostPort    uint32
+	Port        uint32 // inside
+	Detached    bool
+	Connections uint64 // accepted so far
+}
+
+func (m *Forward) fields() []field {
+	return []field{stringField(1, &m.Address), uint32Field(2, &m.HostPort), uint32Field(3, &m.Port), boolField(4, &m.Detached), uint64Field(5, &m.Connections)}
+}
+
+// ForwardResponse is the forward opened.
+type ForwardResponse struct {
+	Forward *Forward
+}
+
+func (m *ForwardResponse) fields() []field { return []field{messageField(1, &m.Forward)} }
+
+// UnforwardRequest closes the forward at Address, or with Attached every
+// forward not detached.
+type UnforwardRequest struct {
+	Address  string
+	Attached bool
+}
+
+func (m *UnforwardRequest) fields() []field {
+	return []field{stringField(1, &m.Address), boolField(2, &m.Attached)}
+}
+
+// UnforwardResponse says how many forwards were closed.
+type UnforwardResponse struct {
+	Closed uint32
+}
+
+func (m *UnforwardResponse) fields() []field { return []field{uint32Field(1, &m.Closed)} }
+
+// ListForwardsRequest asks for the run's forwards.
+type ListForwardsRequest struct{}
+
+func (*ListForwardsRequest) fields() []field { return nil }
+
+// ListForwardsResponse lists the run's forwards.
+type ListForwardsResponse struct {
+	Forwards []*Forward
+}
+
+func (m *ListForwardsResponse) fields() []field { return []field{repeatedMessageField(1, &m.Forwards)} }

@@ -24,6 +24,9 @@ type ShimService interface {
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 	SecretUpdates(context.Context, *SecretUpdatesRequest) (*SecretUpdatesResponse, error)
+	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	Unforward(context.Context, *UnforwardRequest) (*UnforwardResponse, error)
+	ListForwards(context.Context, *ListForwardsRequest) (*ListForwardsResponse, error)
 }
 
 // RegisterShimService serves svc on srv.
@@ -39,6 +42,9 @@ func RegisterShimService(srv *ttrpclite.Server, svc ShimService) {
 		"Stats":         method(svc.Stats),
 		"Shutdown":      method(svc.Shutdown),
 		"SecretUpdates": method(svc.SecretUpdates),
+		"Forward":       method(svc.Forward),
+		"Unforward":     method(svc.Unforward),
+		"ListForwards":  method(svc.ListForwards),
 	})
 }
 
@@ -119,4 +125,16 @@ func (s shimClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*Shutdo
 
 func (s shimClient) SecretUpdates(ctx context.Context, req *SecretUpdatesRequest) (*SecretUpdatesResponse, error) {
 	return call[SecretUpdatesResponse](ctx, s.c, "SecretUpdates", req)
+}
+
+func (s shimClient) Forward(ctx context.Context, req *ForwardRequest) (*ForwardResponse, error) {
+	return call[ForwardResponse](ctx, s.c, "Forward", req)
+}
+
+func (s shimClient) Unforward(ctx context.Context, req *UnforwardRequest) (*UnforwardResponse, error) {
+	return call[UnforwardResponse](ctx, s.c, "Unforward", req)
+}
+
+func (s shimClient) ListForwards(ctx context.Context, req *ListForwardsRequest) (*ListForwardsResponse, error) {
+	return call[ListForwardsResponse](ctx, s.c, "ListForwards", req)
 }

@@ -8,7 +8,11 @@ package shimv1
 // 2: StartRequest.env and secrets.
 // 3: Secret.name, token_hosts and token_field; SecretUpdates.
 // 4: session.json's spec.runAs (a host session's account).
-const APIVersion = 4
+// 5: Forward, Unforward and ListForwards.
+const APIVersion = 5
+
+// ForwardAPIVersion is the first version that forwards into a session.
+const ForwardAPIVersion = 5
 
 // RunAsAPIVersion is the first version that runs a host session as the
 // account spec.runAs names: an older shim would run it as itself (root).

@@ -382,3 +382,21 @@ func (n *Network) violation(v netpolicy.Violation) {
 		n.cfg.OnViolation(v)
 	}
 }
+
+// DialGuest connects from the gateway to port on the guest's address, for a
+// session forward: the guest's server must listen on that address (or on
+// every address), as behind any NAT. It fails once the network is closed.
+func (n *Network) DialGuest(ctx context.Context, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: want 1 to 65535", port)
+	}
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	stop := context.AfterFunc(n.ctx, cancel)
+	defer stop()
+	c, err := gonet.DialContextTCP(ctx, n.stack, tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(guestAddr.As4()), Port: uint16(port)}, ipv4.ProtocolNumber)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the guest's port %d: %w", port, err)
+	}
+	return c, nil
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 
@@ -802,5 +803,50 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatalf("%d goroutines before, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDialGuest: a forward's connection from the gateway reaches a server
+// on the guest's address; a port nobody listens on is refused; a closed
+// network dials nothing.
+func TestDialGuest(t *testing.T) {
+	n, err := New(Config{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGuest(t, n)
+	l, err := gonet.ListenTCP(g.s, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(guestAddr.As4()), Port: 8080}, ipv4.ProtocolNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(c, c)
+		c.Close()
+	}()
+	ctx := context.Background()
+	c, err := n.DialGuest(ctx, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Errorf("echo through the forward: %q %v", buf, err)
+	}
+	c.Close()
+	if _, err := n.DialGuest(ctx, 8081); err == nil {
+		t.Error("a port nobody listens on was connected")
+	}
+	if _, err := n.DialGuest(ctx, 0); err == nil {
+		t.Error("port 0 was dialled")
+	}
+	n.Close()
+	if _, err := n.DialGuest(ctx, 8080); err == nil {
+		t.Error("a closed network dialled")
 	}
 }

@@ -15,12 +15,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/netns"
 )
 
 // Socket is a bound pathname socket: the name it was bound with (as its
@@ -216,44 +217,20 @@ func namesIn(path string) ([]Socket, error) {
 	return out, nil
 }
 
-// boundIn runs Bound in the network namespace at path, on a thread of its
-// own. A thread that cannot return to its namespace is never given back to
-// the runtime: it ends with its goroutine.
+// boundIn runs Bound in the network namespace at path (netns.Do).
 func boundIn(path string) ([]Socket, error) {
-	type result struct {
-		socks []Socket
-		err   error
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		back, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: err}
-			return
-		}
-		defer back.Close()
-		target, err := os.Open(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: err}
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: err}
-			return
-		}
-		socks, err := Bound()
-		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		done <- result{socks, err}
-	}()
-	r := <-done
-	return r.socks, r.err
+	defer f.Close()
+	var socks []Socket
+	err = netns.Do(int(f.Fd()), func() error {
+		var err error
+		socks, err = Bound()
+		return err
+	})
+	return socks, err
 }
 
 // Mounts are the devices of the mounts under which a host path may lie,

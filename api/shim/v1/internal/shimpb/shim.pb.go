@@ -1229,6 +1229,364 @@ func (x *SecretUpdate) GetValue() string {
 	return ""
 }
 
+type ForwardRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HostPort uint32                 `protobuf:"varint,1,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"` // 0: any free port
+	Port     uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`                         // inside the session
+	// A forward not detached lasts as long as the command that asked for
+	// it: a new supervisor closes such forwards (Unforward attached).
+	Detach        bool `protobuf:"varint,3,opt,name=detach,proto3" json:"detach,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRequest) Reset() {
+	*x = ForwardRequest{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRequest) ProtoMessage() {}
+
+func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ForwardRequest) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetDetach() bool {
+	if x != nil {
+		return x.Detach
+	}
+	return false
+}
+
+type Forward struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"` // host:port on the host's loopback
+	HostPort      uint32                 `protobuf:"varint,2,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"`
+	Port          uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Detached      bool                   `protobuf:"varint,4,opt,name=detached,proto3" json:"detached,omitempty"`
+	Connections   uint64                 `protobuf:"varint,5,opt,name=connections,proto3" json:"connections,omitempty"` // accepted so far
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Forward) Reset() {
+	*x = Forward{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Forward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Forward) ProtoMessage() {}
+
+func (x *Forward) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Forward.ProtoReflect.Descriptor instead.
+func (*Forward) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Forward) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Forward) GetHostPort() uint32 {
+	if x != nil {
+		return x.HostPort
+	}
+	return 0
+}
+
+func (x *Forward) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *Forward) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
+}
+
+func (x *Forward) GetConnections() uint64 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+type ForwardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forward       *Forward               `protobuf:"bytes,1,opt,name=forward,proto3" json:"forward,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardResponse) Reset() {
+	*x = ForwardResponse{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardResponse) ProtoMessage() {}
+
+func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
+func (*ForwardResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForwardResponse) GetForward() *Forward {
+	if x != nil {
+		return x.Forward
+	}
+	return nil
+}
+
+type UnforwardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Attached      bool                   `protobuf:"varint,2,opt,name=attached,proto3" json:"attached,omitempty"` // every forward not detached
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnforwardRequest) Reset() {
+	*x = UnforwardRequest{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnforwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnforwardRequest) ProtoMessage() {}
+
+func (x *UnforwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnforwardRequest.ProtoReflect.Descriptor instead.
+func (*UnforwardRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UnforwardRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *UnforwardRequest) GetAttached() bool {
+	if x != nil {
+		return x.Attached
+	}
+	return false
+}
+
+type UnforwardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Closed        uint32                 `protobuf:"varint,1,opt,name=closed,proto3" json:"closed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnforwardResponse) Reset() {
+	*x = UnforwardResponse{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnforwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnforwardResponse) ProtoMessage() {}
+
+func (x *UnforwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnforwardResponse.ProtoReflect.Descriptor instead.
+func (*UnforwardResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *UnforwardResponse) GetClosed() uint32 {
+	if x != nil {
+		return x.Closed
+	}
+	return 0
+}
+
+type ListForwardsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListForwardsRequest) Reset() {
+	*x = ListForwardsRequest{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListForwardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListForwardsRequest) ProtoMessage() {}
+
+func (x *ListForwardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListForwardsRequest.ProtoReflect.Descriptor instead.
+func (*ListForwardsRequest) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{27}
+}
+
+type ListForwardsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forwards      []*Forward             `protobuf:"bytes,1,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListForwardsResponse) Reset() {
+	*x = ListForwardsResponse{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListForwardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListForwardsResponse) ProtoMessage() {}
+
+func (x *ListForwardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListForwardsResponse.ProtoReflect.Descriptor instead.
+func (*ListForwardsResponse) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListForwardsResponse) GetForwards() []*Forward {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
 var File_api_shim_v1_shim_proto protoreflect.FileDescriptor
 
 const file_api_shim_v1_shim_proto_rawDesc = "" +
@@ -1310,13 +1668,33 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\x05ended\x18\x03 \x01(\bR\x05ended\"8\n" +
 	"\fSecretUpdate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value*F\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"Y\n" +
+	"\x0eForwardRequest\x12\x1b\n" +
+	"\thost_port\x18\x01 \x01(\rR\bhostPort\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x16\n" +
+	"\x06detach\x18\x03 \x01(\bR\x06detach\"\x92\x01\n" +
+	"\aForward\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1b\n" +
+	"\thost_port\x18\x02 \x01(\rR\bhostPort\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1a\n" +
+	"\bdetached\x18\x04 \x01(\bR\bdetached\x12 \n" +
+	"\vconnections\x18\x05 \x01(\x04R\vconnections\"J\n" +
+	"\x0fForwardResponse\x127\n" +
+	"\aforward\x18\x01 \x01(\v2\x1d.agentconnect.shim.v1.ForwardR\aforward\"H\n" +
+	"\x10UnforwardRequest\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1a\n" +
+	"\battached\x18\x02 \x01(\bR\battached\"+\n" +
+	"\x11UnforwardResponse\x12\x16\n" +
+	"\x06closed\x18\x01 \x01(\rR\x06closed\"\x15\n" +
+	"\x13ListForwardsRequest\"Q\n" +
+	"\x14ListForwardsResponse\x129\n" +
+	"\bforwards\x18\x01 \x03(\v2\x1d.agentconnect.shim.v1.ForwardR\bforwards*F\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\v\n" +
 	"\aRUNNING\x10\x02\x12\n" +
 	"\n" +
-	"\x06EXITED\x10\x032\xff\x06\n" +
+	"\x06EXITED\x10\x032\x9c\t\n" +
 	"\x04Shim\x12\\\n" +
 	"\tHandshake\x12&.agentconnect.shim.v1.HandshakeRequest\x1a'.agentconnect.shim.v1.HandshakeResponse\x12P\n" +
 	"\x05Start\x12\".agentconnect.shim.v1.StartRequest\x1a#.agentconnect.shim.v1.StartResponse\x12P\n" +
@@ -1329,7 +1707,10 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"CloseStdin\x12'.agentconnect.shim.v1.CloseStdinRequest\x1a(.agentconnect.shim.v1.CloseStdinResponse\x12P\n" +
 	"\x05Stats\x12\".agentconnect.shim.v1.StatsRequest\x1a#.agentconnect.shim.v1.StatsResponse\x12Y\n" +
 	"\bShutdown\x12%.agentconnect.shim.v1.ShutdownRequest\x1a&.agentconnect.shim.v1.ShutdownResponse\x12h\n" +
-	"\rSecretUpdates\x12*.agentconnect.shim.v1.SecretUpdatesRequest\x1a+.agentconnect.shim.v1.SecretUpdatesResponseB<Z:github.com/agentconnect-md/agentconnect/api/shim/v1;shimv1b\x06proto3"
+	"\rSecretUpdates\x12*.agentconnect.shim.v1.SecretUpdatesRequest\x1a+.agentconnect.shim.v1.SecretUpdatesResponse\x12V\n" +
+	"\aForward\x12$.agentconnect.shim.v1.ForwardRequest\x1a%.agentconnect.shim.v1.ForwardResponse\x12\\\n" +
+	"\tUnforward\x12&.agentconnect.shim.v1.UnforwardRequest\x1a'.agentconnect.shim.v1.UnforwardResponse\x12e\n" +
+	"\fListForwards\x12).agentconnect.shim.v1.ListForwardsRequest\x1a*.agentconnect.shim.v1.ListForwardsResponseB<Z:github.com/agentconnect-md/agentconnect/api/shim/v1;shimv1b\x06proto3"
 
 var (
 	file_api_shim_v1_shim_proto_rawDescOnce sync.Once
@@ -1344,7 +1725,7 @@ func file_api_shim_v1_shim_proto_rawDescGZIP() []byte {
 }
 
 var file_api_shim_v1_shim_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_api_shim_v1_shim_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentconnect.shim.v1.Status
 	(*HandshakeRequest)(nil),      // 1: agentconnect.shim.v1.HandshakeRequest
@@ -1369,40 +1750,55 @@ var file_api_shim_v1_shim_proto_goTypes = []any{
 	(*SecretUpdatesRequest)(nil),  // 20: agentconnect.shim.v1.SecretUpdatesRequest
 	(*SecretUpdatesResponse)(nil), // 21: agentconnect.shim.v1.SecretUpdatesResponse
 	(*SecretUpdate)(nil),          // 22: agentconnect.shim.v1.SecretUpdate
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*ForwardRequest)(nil),        // 23: agentconnect.shim.v1.ForwardRequest
+	(*Forward)(nil),               // 24: agentconnect.shim.v1.Forward
+	(*ForwardResponse)(nil),       // 25: agentconnect.shim.v1.ForwardResponse
+	(*UnforwardRequest)(nil),      // 26: agentconnect.shim.v1.UnforwardRequest
+	(*UnforwardResponse)(nil),     // 27: agentconnect.shim.v1.UnforwardResponse
+	(*ListForwardsRequest)(nil),   // 28: agentconnect.shim.v1.ListForwardsRequest
+	(*ListForwardsResponse)(nil),  // 29: agentconnect.shim.v1.ListForwardsResponse
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
 }
 var file_api_shim_v1_shim_proto_depIdxs = []int32{
 	4,  // 0: agentconnect.shim.v1.StartRequest.secrets:type_name -> agentconnect.shim.v1.Secret
 	0,  // 1: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
-	23, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
-	23, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
-	23, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	30, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
+	30, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
+	30, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	22, // 5: agentconnect.shim.v1.SecretUpdatesResponse.updates:type_name -> agentconnect.shim.v1.SecretUpdate
-	1,  // 6: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
-	3,  // 7: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
-	6,  // 8: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
-	8,  // 9: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
-	10, // 10: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
-	12, // 11: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
-	14, // 12: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
-	16, // 13: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
-	18, // 14: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
-	20, // 15: agentconnect.shim.v1.Shim.SecretUpdates:input_type -> agentconnect.shim.v1.SecretUpdatesRequest
-	2,  // 16: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
-	5,  // 17: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
-	7,  // 18: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
-	9,  // 19: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
-	11, // 20: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
-	13, // 21: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
-	15, // 22: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
-	17, // 23: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
-	19, // 24: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
-	21, // 25: agentconnect.shim.v1.Shim.SecretUpdates:output_type -> agentconnect.shim.v1.SecretUpdatesResponse
-	16, // [16:26] is the sub-list for method output_type
-	6,  // [6:16] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	24, // 6: agentconnect.shim.v1.ForwardResponse.forward:type_name -> agentconnect.shim.v1.Forward
+	24, // 7: agentconnect.shim.v1.ListForwardsResponse.forwards:type_name -> agentconnect.shim.v1.Forward
+	1,  // 8: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
+	3,  // 9: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
+	6,  // 10: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
+	8,  // 11: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
+	10, // 12: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
+	12, // 13: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
+	14, // 14: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
+	16, // 15: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
+	18, // 16: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
+	20, // 17: agentconnect.shim.v1.Shim.SecretUpdates:input_type -> agentconnect.shim.v1.SecretUpdatesRequest
+	23, // 18: agentconnect.shim.v1.Shim.Forward:input_type -> agentconnect.shim.v1.ForwardRequest
+	26, // 19: agentconnect.shim.v1.Shim.Unforward:input_type -> agentconnect.shim.v1.UnforwardRequest
+	28, // 20: agentconnect.shim.v1.Shim.ListForwards:input_type -> agentconnect.shim.v1.ListForwardsRequest
+	2,  // 21: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
+	5,  // 22: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
+	7,  // 23: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
+	9,  // 24: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
+	11, // 25: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
+	13, // 26: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
+	15, // 27: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
+	17, // 28: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
+	19, // 29: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
+	21, // 30: agentconnect.shim.v1.Shim.SecretUpdates:output_type -> agentconnect.shim.v1.SecretUpdatesResponse
+	25, // 31: agentconnect.shim.v1.Shim.Forward:output_type -> agentconnect.shim.v1.ForwardResponse
+	27, // 32: agentconnect.shim.v1.Shim.Unforward:output_type -> agentconnect.shim.v1.UnforwardResponse
+	29, // 33: agentconnect.shim.v1.Shim.ListForwards:output_type -> agentconnect.shim.v1.ListForwardsResponse
+	21, // [21:34] is the sub-list for method output_type
+	8,  // [8:21] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_shim_proto_init() }
@@ -1416,7 +1812,7 @@ func file_api_shim_v1_shim_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_shim_proto_rawDesc), len(file_api_shim_v1_shim_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

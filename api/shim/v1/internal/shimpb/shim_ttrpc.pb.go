@@ -18,6 +18,9 @@ type ShimService interface {
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 	SecretUpdates(context.Context, *SecretUpdatesRequest) (*SecretUpdatesResponse, error)
+	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	Unforward(context.Context, *UnforwardRequest) (*UnforwardResponse, error)
+	ListForwards(context.Context, *ListForwardsRequest) (*ListForwardsResponse, error)
 }
 
 func RegisterShimService(srv *ttrpc.Server, svc ShimService) {
@@ -92,6 +95,27 @@ func RegisterShimService(srv *ttrpc.Server, svc ShimService) {
 					return nil, err
 				}
 				return svc.SecretUpdates(ctx, &req)
+			},
+			"Forward": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ForwardRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Forward(ctx, &req)
+			},
+			"Unforward": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UnforwardRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Unforward(ctx, &req)
+			},
+			"ListForwards": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListForwardsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListForwards(ctx, &req)
 			},
 		},
 	})
@@ -182,6 +206,30 @@ func (c *shimClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*Shutd
 func (c *shimClient) SecretUpdates(ctx context.Context, req *SecretUpdatesRequest) (*SecretUpdatesResponse, error) {
 	var resp SecretUpdatesResponse
 	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "SecretUpdates", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *shimClient) Forward(ctx context.Context, req *ForwardRequest) (*ForwardResponse, error) {
+	var resp ForwardResponse
+	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "Forward", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *shimClient) Unforward(ctx context.Context, req *UnforwardRequest) (*UnforwardResponse, error) {
+	var resp UnforwardResponse
+	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "Unforward", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *shimClient) ListForwards(ctx context.Context, req *ListForwardsRequest) (*ListForwardsResponse, error) {
+	var resp ListForwardsResponse
+	if err := c.client.Call(ctx, "agentconnect.shim.v1.Shim", "ListForwards", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
