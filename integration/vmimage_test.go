@@ -41,11 +41,11 @@ docker compose version >/dev/null 2>&1 && echo "compose ok"
 const initScript = `
 init() {
 	n=$1; shift
-	printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}' >/tmp/req
+	printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}' >/tmp/req-$n
 	began=$(date +%s)
-	timeout 240 "$@" </tmp/req >/tmp/init-$n.out 2>/tmp/init-$n.err &
+	timeout 240 "$@" </tmp/req-$n >/tmp/init-$n.out 2>/tmp/init-$n.err &
 	p=$!
-	for i in $(seq 2400); do grep -q '"protocolVersion"' /tmp/init-$n.out 2>/dev/null && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
+	for i in $(seq 240); do grep -q '"protocolVersion"' /tmp/init-$n.out 2>/dev/null && break; kill -0 $p 2>/dev/null || break; sleep 1; done
 	if grep -q '"protocolVersion"' /tmp/init-$n.out; then echo "init-$n ok"; else echo "init-$n failed after $(($(date +%s) - began)) s: $(tail -c 300 /tmp/init-$n.err)"; fi
 	kill $p 2>/dev/null; wait $p 2>/dev/null
 }
@@ -67,17 +67,17 @@ func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
 	if err := json.Unmarshal([]byte(ok(t, h, "runtime", "ls", "--known", "--json")), &known); err != nil {
 		t.Fatal(err)
 	}
-	// The runtimes first: dockerd, once started, takes its share of the
-	// emulated CPU.
+	// The runtimes first, all at once on the VM's two CPUs: dockerd, once
+	// started, takes its share of the emulated CPU.
 	script := initScript
 	for _, r := range known {
 		// The environment the daemon gives a session of the runtime in a
 		// VM (no self-update; opencode's data off the home's share).
 		rt := runtimes.Known[r.Name]
 		env := strings.Join(append(append([]string{"env"}, rt.Env...), rt.VMEnv...), " ")
-		script += fmt.Sprintf("[ ! -e run-inits ] || init %s %s %s\n", r.Name, env, strings.Join(r.Command, " "))
+		script += fmt.Sprintf("[ ! -e run-inits ] || init %s %s %s &\n", r.Name, env, strings.Join(r.Command, " "))
 	}
-	script += dockerScript
+	script += "wait\n" + dockerScript
 	ok(t, h, "agent", "create", "dock", "--strategy", "microsandbox", "--memory-mib", "1024", "--cpus", "2", "--", "/bin/sh", "-c", script)
 	workspace := filepath.Join(agentDir(t, h, "dock"), "workspace")
 	bb, err := os.ReadFile("/bin/busybox")
