@@ -12,6 +12,7 @@ import (
 
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
@@ -60,7 +61,7 @@ func (f *forward) info() *shimv1.Forward {
 
 // Forward opens a listener on 127.0.0.1 (port req.HostPort, or one the
 // kernel picks) whose connections reach port req.Port inside the session.
-func (s *service) Forward(_ context.Context, req *shimv1.ForwardRequest) (*shimv1.ForwardResponse, error) {
+func (s *service) Forward(ctx context.Context, req *shimv1.ForwardRequest) (*shimv1.ForwardResponse, error) {
 	if req.Port < 1 || req.Port > 65535 || req.HostPort > 65535 {
 		return nil, errdefs.InvalidArgument("forward: port %d to host port %d: want ports from 1 to 65535 (host port 0: any free one)", req.Port, req.HostPort)
 	}
@@ -95,6 +96,22 @@ func (s *service) Forward(_ context.Context, req *shimv1.ForwardRequest) (*shimv
 	}
 	s.fwd.all[l.Addr().String()] = f
 	go s.serveForward(f, d)
+	// One not detached lasts as long as the supervisor that asked for it
+	// stays connected: a supervisor that dies takes its commands' forwards
+	// with it, and the next one finds none of theirs.
+	if done := ttrpclite.ConnDone(ctx); done != nil && !req.Detach {
+		go func() {
+			select {
+			case <-done:
+				s.fwd.mu.Lock()
+				delete(s.fwd.all, l.Addr().String())
+				s.fwd.mu.Unlock()
+				f.close()
+				s.log.WithField("forward", l.Addr().String()).Info("forward closed: its supervisor went away")
+			case <-f.stop:
+			}
+		}()
+	}
 	s.log.WithFields(map[string]any{"forward": l.Addr().String(), "port": req.Port, "detached": req.Detach}).Info("forward opened")
 	return &shimv1.ForwardResponse{Forward: f.info()}, nil
 }
@@ -191,27 +208,18 @@ func (s *service) relayForward(c net.Conn, f *forward, d Dialer) {
 	}
 }
 
-// Unforward closes the forward at req.Address, or with req.Attached every
-// forward not detached (what a new supervisor does: the commands that held
-// them went with the old one).
+// Unforward closes the forward at req.Address.
 func (s *service) Unforward(_ context.Context, req *shimv1.UnforwardRequest) (*shimv1.UnforwardResponse, error) {
 	s.fwd.mu.Lock()
-	var gone []*forward
-	for addr, f := range s.fwd.all {
-		if addr == req.Address || (req.Attached && !f.detached) {
-			gone = append(gone, f)
-			delete(s.fwd.all, addr)
-		}
-	}
+	f, ok := s.fwd.all[req.Address]
+	delete(s.fwd.all, req.Address)
 	s.fwd.mu.Unlock()
-	if len(gone) == 0 && req.Address != "" {
+	if !ok {
 		return nil, errdefs.NotFound("session %s has no forward at %s (session forwards lists them)", s.rec.ID, req.Address)
 	}
-	for _, f := range gone {
-		f.close()
-		s.log.WithField("forward", f.l.Addr().String()).Info("forward closed")
-	}
-	return &shimv1.UnforwardResponse{Closed: uint32(len(gone))}, nil
+	f.close()
+	s.log.WithField("forward", req.Address).Info("forward closed")
+	return &shimv1.UnforwardResponse{Closed: 1}, nil
 }
 
 // close stops f's listener and its connections.

@@ -194,13 +194,6 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 		}
 		ss.setRunning(conn, int(resp.Pid), time.Now())
 	case shimv1.Status_RUNNING:
-		// The commands that held its attached forwards were the previous
-		// supervisor's clients, and are gone with it.
-		if conn.apiVersion >= shimv1.ForwardAPIVersion {
-			if _, err := conn.shim.Unforward(ctx, &shimv1.UnforwardRequest{Attached: true}); err != nil {
-				s.sessionLog(ss).WithError(err).Warn("close the forwards of the previous supervisor's commands")
-			}
-		}
 		ss.setRunning(conn, int(state.Pid), state.StartedAt)
 	default:
 		// Exited: its status.json is written; collect it.

@@ -206,7 +206,8 @@ type serverConn struct {
 // serve reads requests until the connection ends; each runs in a goroutine
 // of its own, so a blocked call (Wait) holds up no other.
 func (sc *serverConn) serve() {
-	ctx, cancel := context.WithCancel(context.Background())
+	connCtx, cancel := context.WithCancel(context.Background())
+	ctx := context.WithValue(connCtx, connDoneKey{}, connCtx.Done())
 	defer func() {
 		cancel()
 		sc.conn.Close()
@@ -261,6 +262,18 @@ func (sc *serverConn) serve() {
 		}
 		go sc.call(ctx, h.streamID, method, req)
 	}
+}
+
+// connDoneKey carries, in a call's context, the end of the connection the
+// call came on.
+type connDoneKey struct{}
+
+// ConnDone is closed when the connection a call came on ends: what a call
+// starts for as long as its caller stays connected watches it. It is nil
+// outside a served call.
+func ConnDone(ctx context.Context) <-chan struct{} {
+	done, _ := ctx.Value(connDoneKey{}).(<-chan struct{})
+	return done
 }
 
 func (s *Server) lookup(service, method string) (Method, errdefs.Code, string) {

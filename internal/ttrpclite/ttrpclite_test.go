@@ -371,3 +371,38 @@ func dialAs(t *testing.T, sock string, uid int) net.Conn {
 	}
 	return conn
 }
+
+// TestConnDone: a call's ConnDone outlives the call and ends with its
+// connection, not with the call's own deadline.
+func TestConnDone(t *testing.T) {
+	got := make(chan (<-chan struct{}), 1)
+	_, c, _ := pair(t, true, map[string]Method{
+		"Keep": func(ctx context.Context, req []byte) ([]byte, error) {
+			got <- ConnDone(ctx)
+			return nil, nil
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Call(ctx, "test.Svc", "Keep", nil); err != nil {
+		t.Fatal(err)
+	}
+	done := <-got
+	if done == nil {
+		t.Fatal("no ConnDone in a served call")
+	}
+	select {
+	case <-done:
+		t.Fatal("ConnDone ended with the call")
+	case <-time.After(50 * time.Millisecond):
+	}
+	c.Close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("ConnDone did not end with the connection")
+	}
+	if ConnDone(context.Background()) != nil {
+		t.Error("ConnDone outside a call is not nil")
+	}
+}

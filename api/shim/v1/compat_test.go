@@ -77,7 +77,7 @@ var pairs = []struct {
 	{&ForwardResponse{Forward: &Forward{}}, &shimpb.ForwardResponse{Forward: &shimpb.Forward{}}},
 	{&ForwardResponse{Forward: &Forward{Address: "127.0.0.1:8080", HostPort: 8080, Port: 3000, Detached: true, Connections: 1 << 40}},
 		&shimpb.ForwardResponse{Forward: &shimpb.Forward{Address: "127.0.0.1:8080", HostPort: 8080, Port: 3000, Detached: true, Connections: 1 << 40}}},
-	{&UnforwardRequest{Address: "127.0.0.1:8080", Attached: true}, &shimpb.UnforwardRequest{Address: "127.0.0.1:8080", Attached: true}},
+	{&UnforwardRequest{Address: "127.0.0.1:8080"}, &shimpb.UnforwardRequest{Address: "127.0.0.1:8080"}},
 	{&UnforwardResponse{Closed: 4}, &shimpb.UnforwardResponse{Closed: 4}},
 	{&ListForwardsRequest{}, &shimpb.ListForwardsRequest{}},
 	{&ListForwardsResponse{Forwards: []*Forward{{Address: "a", Port: 1}, {}}}, &shimpb.ListForwardsResponse{Forwards: []*shimpb.Forward{{Address: "a", Port: 1}, {}}}},
@@ -172,7 +172,7 @@ func (fakeShim) Forward(_ context.Context, r *shimpb.ForwardRequest) (*shimpb.Fo
 }
 
 func (fakeShim) Unforward(_ context.Context, r *shimpb.UnforwardRequest) (*shimpb.UnforwardResponse, error) {
-	return &shimpb.UnforwardResponse{Closed: 2}, nil
+	return &shimpb.UnforwardResponse{Closed: 1}, nil
 }
 
 func (fakeShim) ListForwards(context.Context, *shimpb.ListForwardsRequest) (*shimpb.ListForwardsResponse, error) {
@@ -237,7 +237,7 @@ func TestClientOfLibraryServer(t *testing.T) {
 	if f, err := shim.Forward(ctx, &ForwardRequest{Port: 8080, Detach: true}); err != nil || f.Forward == nil || *f.Forward != (Forward{Address: "127.0.0.1:40001", HostPort: 40001, Port: 8080, Detached: true}) {
 		t.Errorf("Forward: %+v, %v", f, err)
 	}
-	if u, err := shim.Unforward(ctx, &UnforwardRequest{Attached: true}); err != nil || u.Closed != 2 {
+	if u, err := shim.Unforward(ctx, &UnforwardRequest{Address: "127.0.0.1:40001"}); err != nil || u.Closed != 1 {
 		t.Errorf("Unforward: %+v, %v", u, err)
 	}
 	if l, err := shim.ListForwards(ctx, &ListForwardsRequest{}); err != nil || len(l.Forwards) != 1 || l.Forwards[0].Connections != 3 {

@@ -213,8 +213,8 @@ func (m *SecretUpdate) fields() []field {
 
 // ForwardRequest opens a listener on the host's loopback (HostPort, or any
 // free port when 0) whose connections reach Port inside the session. A
-// forward not Detach-ed lasts as long as the command that asked for it:
-// a new supervisor closes such forwards (Unforward with Attached). API 5.
+// forward not Detach-ed lasts as long as the connection that asked for it
+// (the supervisor's): it closes with it. API 5.
 type ForwardRequest struct {
 	HostPort uint32
 	Port     uint32
@@ -245,16 +245,12 @@ type ForwardResponse struct {
 
 func (m *ForwardResponse) fields() []field { return []field{messageField(1, &m.Forward)} }
 
-// UnforwardRequest closes the forward at Address, or with Attached every
-// forward not detached.
+// UnforwardRequest closes the forward at Address.
 type UnforwardRequest struct {
-	Address  string
-	Attached bool
+	Address string
 }
 
-func (m *UnforwardRequest) fields() []field {
-	return []field{stringField(1, &m.Address), boolField(2, &m.Attached)}
-}
+func (m *UnforwardRequest) fields() []field { return []field{stringField(1, &m.Address)} }
 
 // UnforwardResponse says how many forwards were closed.
 type UnforwardResponse struct {

@@ -1233,8 +1233,8 @@ type ForwardRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HostPort uint32                 `protobuf:"varint,1,opt,name=host_port,json=hostPort,proto3" json:"host_port,omitempty"` // 0: any free port
 	Port     uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`                         // inside the session
-	// A forward not detached lasts as long as the command that asked for
-	// it: a new supervisor closes such forwards (Unforward attached).
+	// A forward not detached lasts as long as the connection that asked
+	// for it (the supervisor's).
 	Detach        bool `protobuf:"varint,3,opt,name=detach,proto3" json:"detach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1414,7 +1414,6 @@ func (x *ForwardResponse) GetForward() *Forward {
 type UnforwardRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
-	Attached      bool                   `protobuf:"varint,2,opt,name=attached,proto3" json:"attached,omitempty"` // every forward not detached
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1454,13 +1453,6 @@ func (x *UnforwardRequest) GetAddress() string {
 		return x.Address
 	}
 	return ""
-}
-
-func (x *UnforwardRequest) GetAttached() bool {
-	if x != nil {
-		return x.Attached
-	}
-	return false
 }
 
 type UnforwardResponse struct {
@@ -1680,10 +1672,9 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\bdetached\x18\x04 \x01(\bR\bdetached\x12 \n" +
 	"\vconnections\x18\x05 \x01(\x04R\vconnections\"J\n" +
 	"\x0fForwardResponse\x127\n" +
-	"\aforward\x18\x01 \x01(\v2\x1d.agentconnect.shim.v1.ForwardR\aforward\"H\n" +
+	"\aforward\x18\x01 \x01(\v2\x1d.agentconnect.shim.v1.ForwardR\aforward\",\n" +
 	"\x10UnforwardRequest\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1a\n" +
-	"\battached\x18\x02 \x01(\bR\battached\"+\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"+\n" +
 	"\x11UnforwardResponse\x12\x16\n" +
 	"\x06closed\x18\x01 \x01(\rR\x06closed\"\x15\n" +
 	"\x13ListForwardsRequest\"Q\n" +
