@@ -83,14 +83,72 @@ func (s *service) copyOutput(f io.Reader, stream outputlog.Stream, wg *sync.Wait
 	}
 }
 
-// writeOutput appends p to the log as stream's: a full log stops the run,
-// another error is logged once.
+// writeOutput appends p to the log as stream's: a full log stops the run;
+// a full disk holds the output until there is room (the runtime waits on
+// its pipe meanwhile, so no byte is lost); another error is logged once.
 func (s *service) writeOutput(stream outputlog.Stream, p []byte) {
-	switch err := s.out.Write(stream, p); {
-	case errors.Is(err, outputlog.ErrFull):
-		s.outputLimitReached()
-	case err != nil:
-		s.outputError(err)
+	for len(p) > 0 {
+		// One record at a time: a record the disk refused is written again
+		// whole, and none before it twice.
+		n := min(len(p), outputlog.MaxPayload)
+		if !s.writeRecord(stream, p[:n]) {
+			return
+		}
+		p = p[n:]
+	}
+}
+
+// diskFull tells the errors that go once the disk has room again.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// untilRoom calls write until it succeeds or fails for another reason than
+// a full disk: what the shim must record (a run's status) waits for room
+// rather than being lost.
+func (s *service) untilRoom(what string, write func() error) error {
+	wait := 10 * time.Millisecond
+	for logged := false; ; logged = true {
+		err := write()
+		if !diskFull(err) {
+			return err
+		}
+		if !logged {
+			s.log.WithError(err).Errorf("%s: the session directory's disk is full; trying again until there is room", what)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// writeRecord writes one record of at most MaxPayload bytes, holding it
+// while the disk is full. It returns false when the rest of the output is
+// to be dropped (the log reached its limit, or cannot be written).
+func (s *service) writeRecord(stream outputlog.Stream, p []byte) bool {
+	var held time.Time
+	wait := 10 * time.Millisecond
+	for {
+		err := s.out.Write(stream, p)
+		switch {
+		case errors.Is(err, outputlog.ErrFull):
+			s.outputLimitReached()
+			return false
+		case diskFull(err):
+			if held.IsZero() {
+				held = time.Now()
+				s.log.WithError(err).Error("the session directory's disk is full: the runtime's output is held until there is room, and the runtime waits on its output meanwhile")
+			}
+			time.Sleep(wait)
+			wait = min(2*wait, time.Second)
+			continue
+		case err != nil:
+			s.outputError(err)
+			return true
+		}
+		if !held.IsZero() {
+			s.log.WithField("held", time.Since(held).Round(time.Millisecond)).Info("the disk has room again: the output goes on")
+		}
+		return true
 	}
 }
 

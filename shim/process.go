@@ -217,8 +217,10 @@ func (s *service) running(run Run, pid int, stdin StdinWriter, st *Steps, fields
 	s.mu.Lock()
 	s.run, s.pid, s.startedAt, s.stdin = run, pid, now, stdin
 	s.mu.Unlock()
-	if err := s.dir.WriteStatus(&session.Status{
-		Run: s.rec.Run, State: session.Running, PID: pid, PIDStartTime: startTime, StartedAt: now,
+	if err := s.untilRoom("record running status", func() error {
+		return s.dir.WriteStatus(&session.Status{
+			Run: s.rec.Run, State: session.Running, PID: pid, PIDStartTime: startTime, StartedAt: now,
+		})
 	}); err != nil {
 		s.log.WithError(err).Error("record running status")
 	}
@@ -348,7 +350,7 @@ func (s *service) finish(state string, code int, reason string) {
 		StartedAt: s.startedAt, ExitedAt: time.Now(),
 	}
 	s.mu.Unlock()
-	if err := s.dir.WriteStatus(st); err != nil {
+	if err := s.untilRoom("record exit status", func() error { return s.dir.WriteStatus(st) }); err != nil {
 		s.log.WithError(err).Error("record exit status")
 	}
 	if len(s.cg.Dirs) > 0 {

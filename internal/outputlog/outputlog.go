@@ -172,6 +172,15 @@ func (w *Writer) writeLocked(s Stream, p []byte) error {
 	binary.LittleEndian.PutUint64(b[8:16], uint64(w.size))
 	b = append(b, p...)
 	if _, err := w.f.Write(b); err != nil {
+		// A write cut short (a full disk) leaves part of a record: take it
+		// back, so the log stays whole and the same record can be written
+		// again.
+		if terr := w.f.Truncate(w.size); terr != nil {
+			return fmt.Errorf("write output log: %w (and cutting the partial record: %v)", err, terr)
+		}
+		if _, serr := w.f.Seek(w.size, io.SeekStart); serr != nil {
+			return fmt.Errorf("write output log: %w (and seeking back: %v)", err, serr)
+		}
 		return fmt.Errorf("write output log: %w", err)
 	}
 	w.size += int64(len(b))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -204,5 +205,50 @@ func TestLimit(t *testing.T) {
 	defer w.Close()
 	if !w.Full() || !errors.Is(w.Write(Stdout, []byte("x")), ErrFull) {
 		t.Error("a writer opened on a full log is not full")
+	}
+}
+
+// TestFullDiskLeavesNoPartialRecord fills a small tmpfs: the write the disk
+// cuts short is taken back whole, the log reads to its last good record, and
+// the next record that fits starts where the refused one would have.
+func TestFullDiskLeavesNoPartialRecord(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs (CI runs as root)")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mount a 64 KiB tmpfs: %v", err)
+	}
+	defer syscall.Unmount(dir, 0)
+	path := filepath.Join(dir, "output.log")
+	w, err := OpenWriter(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	rec := bytes.Repeat([]byte("y"), 3000) // records do not fit the disk evenly
+	written := 0
+	for ; written < 100; written++ {
+		if err = w.Write(Stdout, rec); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("after %d records: %v, want ENOSPC", written, err)
+	}
+	if got := len(readAll(t, path, 0)); got != written {
+		t.Fatalf("the full log reads %d records, want the %d written", got, written)
+	}
+	fi, _ := os.Stat(path)
+	if fi.Size() != w.Size() {
+		t.Fatalf("the file is %d bytes, the writer says %d: a partial record stayed", fi.Size(), w.Size())
+	}
+	// What the disk still has room for goes in right after the others.
+	if err := w.Write(Stdout, rec[:10]); err != nil {
+		t.Fatalf("a record that fits after the disk filled: %v", err)
+	}
+	recs := readAll(t, path, 0)
+	if len(recs) != written+1 || !bytes.Equal(recs[written].Data, rec[:10]) {
+		t.Fatalf("%d records, the last %q: want %d, the last the new one", len(recs), recs[len(recs)-1].Data[:10], written+1)
 	}
 }
