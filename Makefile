@@ -12,7 +12,7 @@ LDFLAGS := -X github.com/agentconnect-md/agentconnect/internal/version.Version=$
 PREFIX ?= /usr/local
 BINARIES := bin/agentconnect bin/agentconnect-shim bin/agentconnect-shim-vm bin/agentconnect-vmimage bin/agentconnect-inject
 
-.PHONY: all build deps proto image test fresh-test unit integration lint demo bench install clean
+.PHONY: all build deps proto image test fresh-test unit integration lint demo bench fuzz chaos install clean
 
 all: build
 
@@ -39,6 +39,18 @@ proto: deps
 test: deps build image lint
 	CGO_ENABLED=1 AGENTCONNECT_BIN=$(CURDIR)/bin go test -race -count=1 -timeout 18m ./...
 
+# Every fuzz target for FUZZTIME each (default 30s), one after another; the
+# seeds, and what earlier runs found, are replayed by make test.
+fuzz: deps
+	./scripts/fuzz.sh $(FUZZTIME)
+
+# Session churn in every strategy while the supervisor is SIGKILLed, shims
+# and runtimes are killed and the home's disk fills once; the promises are
+# checked after every round (chaos/main.go). SEED=N replays a plan;
+# CHAOS_DURATION bounds the rounds (default 8m: the whole run stays under 10).
+chaos: deps build image
+	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./chaos -seed $(or $(SEED),0) -duration $(or $(CHAOS_DURATION),8m)
+
 # `make test` on a fresh Debian 12 machine made with debootstrap (as root;
 # about 10 minutes): what the README promises, checked. FRESH_TEST_FLAGS:
 # --keep, --cached-base (see the script).
@@ -54,10 +66,11 @@ demo: deps build image
 	./scripts/demo.sh
 
 # Measurements, side by side with the reference sandbox-runtime (srt from
-# npm, installed into bin/tools by scripts/bench-deps.sh).
+# npm, installed into bin/tools by scripts/bench-deps.sh); the table goes to
+# BENCHMARKS.md too.
 bench: deps build image
 	./scripts/bench-deps.sh
-	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench
+	AGENTCONNECT_BIN=$(CURDIR)/bin go run ./bench -md BENCHMARKS.md
 
 install: build image
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/agentconnect/image

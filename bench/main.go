@@ -54,6 +54,7 @@ var (
 	flagLog   = flag.String("daemon-log", "", "keep a copy of the daemon's log in `FILE`")
 	flagSrt   = flag.String("srt", "", "`PATH` to the reference sandbox-runtime CLI (default: $AGENTCONNECT_BIN/tools/sandbox-runtime/node_modules/.bin/srt, where scripts/bench-deps.sh installs it)")
 	flagOnly  = flag.String("only", "", "run only the measurements of these `GROUPS`, comma-separated: "+strings.Join(groups, ", ")+" (default: all)")
+	flagMD    = flag.String("md", "", "also write the table as Markdown to `FILE` (make bench: BENCHMARKS.md)")
 )
 
 // groups name the sets of measurements -only selects.
@@ -250,6 +251,12 @@ func run() int {
 		}
 	}
 	rep.print(os.Stdout)
+	if *flagMD != "" {
+		if err := rep.writeMarkdown(*flagMD); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+	}
 	if *flagJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -455,4 +462,39 @@ func (r *report) print(f *os.File) {
 		}
 	}
 	fmt.Fprintln(f)
+}
+
+// writeMarkdown writes the report as BENCHMARKS.md: where and how it was
+// measured, then every row with its goal and reference.
+func (r *report) writeMarkdown(path string) error {
+	var b strings.Builder
+	m := r.Machine
+	cmd := "make bench"
+	if len(os.Args) > 1 {
+		cmd += " (go run ./bench " + strings.Join(os.Args[1:], " ") + ")"
+	}
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `%s` on %s; the table is the bench's own, row for row. Goals are reported, never enforced.\n\n",
+		cmd, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %d MiB RAM; %s\n", m.Nproc, m.CPU, m.MemTotalMiB, m.Kernel)
+	fmt.Fprintf(&b, "- agentconnect %s, %s; shim binaries %s MiB (host, srt) and %s MiB (microsandbox), %s\n", m.Agentconnect, m.GoVersion, m.ShimBinaryMiB, m.VMShimBinaryMiB, m.ShimLinking)
+	fmt.Fprintf(&b, "- strategies: %s; groups run: %s; took %s\n\n", m.Strategies, strings.Join(r.Groups, ", "), r.Took)
+	b.WriteString("| measurement | stat | value | goal | verdict | reference / note |\n|---|---|---:|---|---|---|\n")
+	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ") }
+	for _, rw := range r.Rows {
+		verdict := ""
+		if rw.Met != nil {
+			verdict = "met"
+			if !*rw.Met {
+				verdict = "MISSED"
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", cell(rw.Measurement), cell(rw.Stat), formatValue(rw.Value, rw.Unit), cell(rw.Goal), verdict, cell(rw.Reference))
+	}
+	if len(r.Errors) > 0 {
+		b.WriteString("\nErrors:\n\n")
+		for _, e := range r.Errors {
+			fmt.Fprintf(&b, "- %s\n", cell(e))
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
