@@ -38,7 +38,9 @@ PACKAGES="
 #     nodejs from NodeSource does, and conflicts with Debian's npm)
 #   git also brings git-http-backend, the tests' git server over HTTPS
 #   qemu-system-x86 (brings virtiofsd), e2fsprogs (mke2fs, debugfs,
-#     dumpe2fs): microsandbox; busybox-static: the guest agent's own VM tests
+#     dumpe2fs): microsandbox, and make chaos's loop filesystem (mkfs.ext4,
+#     mounted with util-linux's mount); busybox-static: the guest agent's own
+#     VM tests
 #   chromium: a headless browser inside srt, among the developer tools whose
 #     unix sockets the tests check; socat: Claude Code's own sandbox (its
 #     bridges) inside a nested srt sandbox
