@@ -12,7 +12,7 @@ LDFLAGS := -X github.com/agentconnect-md/agentconnect/internal/version.Version=$
 PREFIX ?= /usr/local
 BINARIES := bin/agentconnect bin/agentconnect-shim bin/agentconnect-shim-vm bin/agentconnect-vmimage bin/agentconnect-inject
 
-.PHONY: all build deps proto image test fresh-test unit integration lint demo bench fuzz chaos install clean
+.PHONY: all build deps proto image test fresh-test unit integration lint demo bench fuzz chaos docs install clean
 
 all: build
 
@@ -43,6 +43,11 @@ test: deps build image lint
 # seeds, and what earlier runs found, are replayed by make test.
 fuzz: deps
 	./scripts/fuzz.sh $(FUZZTIME)
+
+# docs/cli.md from the commands' own help (a test fails when it is stale);
+# docs/config.md is written by hand and checked against the parser.
+docs:
+	go test ./cmd/agentconnect -run '^TestCLIReference$$' -count=1 -update
 
 # Session churn in every strategy while the supervisor is SIGKILLed, shims
 # and runtimes are killed and the home's disk fills once; the promises are

@@ -1,5 +1,6 @@
 // Package testutil holds the checks tests use to skip, with a message, where
-// the machine lacks what they need.
+// the machine lacks what they need, and the check that the messages users
+// read are in the docs.
 package testutil
 
 import (

@@ -32,9 +32,7 @@ func Check(vm config.VM, imageDir string) string {
 		return fmt.Sprintf("microsandbox needs a Linux amd64 host; this is %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
 	if vm.Accelerator == "kvm" {
-		if r := checkDevice("/dev/kvm", "KVM",
-			"add the daemon user to the kvm group (usermod -aG kvm USER) and, on a virtual machine, turn on nested virtualization; "+
-				"or set sandbox.microsandbox.accelerator to \"tcg\" (software emulation, much slower)"); r != "" {
+		if r := checkDevice("/dev/kvm", "KVM", kvmFix); r != "" {
 			return r
 		}
 		if r := checkKVMRuns(); r != "" {
@@ -42,9 +40,7 @@ func Check(vm config.VM, imageDir string) string {
 		}
 	}
 	if vm.Transport == "vsock" {
-		if r := checkDevice("/dev/vhost-vsock", "vsock",
-			"load the vhost_vsock module (modprobe vhost_vsock) and give the daemon user access to /dev/vhost-vsock; "+
-				"or set sandbox.microsandbox.transport to \"serial\""); r != "" {
+		if r := checkDevice("/dev/vhost-vsock", "vsock", vsockFix); r != "" {
 			return r
 		}
 	}
@@ -79,6 +75,14 @@ func Check(vm config.VM, imageDir string) string {
 	}
 	return ""
 }
+
+// The fixes for a device the daemon user cannot use.
+const (
+	kvmFix = "add the daemon user to the kvm group (usermod -aG kvm USER) and, on a virtual machine, turn on nested virtualization; " +
+		"or set sandbox.microsandbox.accelerator to \"tcg\" (software emulation, much slower)"
+	vsockFix = "load the vhost_vsock module (modprobe vhost_vsock) and give the daemon user access to /dev/vhost-vsock; " +
+		"or set sandbox.microsandbox.transport to \"serial\""
+)
 
 // checkDevice says why this user cannot use a device, or "".
 func checkDevice(path, what, fix string) string {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/testutil"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
@@ -51,9 +52,11 @@ func TestCheckQEMUStarts(t *testing.T) {
 		t.Errorf("checkQEMUStarts with the image's kernel: %s", r)
 	}
 	vm.Kernel = brokenKernel(t, img)
-	if r := checkQEMUStarts(qemu, vm); !strings.Contains(r, "QEMU cannot start a VM") || !strings.Contains(r, "invalid kernel header") {
+	r := checkQEMUStarts(qemu, vm)
+	if !strings.Contains(r, "QEMU cannot start a VM") || !strings.Contains(r, "invalid kernel header") {
 		t.Errorf("checkQEMUStarts with a broken kernel: %q; want QEMU's own error", r)
 	}
+	testutil.Documented(t, operationsGuide, r)
 }
 
 // TestCheckKernelBoots boots the image's kernel to the end of its start
@@ -67,7 +70,9 @@ func TestCheckKernelBoots(t *testing.T) {
 		t.Errorf("checkKernelBoots under TCG: %s", r)
 	}
 	vm.Kernel = brokenKernel(t, img)
-	if r := checkKernelBoots(qemu, vm); !strings.Contains(r, "stopped before the guest kernel booted") || !strings.Contains(r, "invalid kernel header") {
+	r := checkKernelBoots(qemu, vm)
+	if !strings.Contains(r, "stopped before the guest kernel booted") || !strings.Contains(r, "invalid kernel header") {
 		t.Errorf("checkKernelBoots with a broken kernel: %q; want QEMU's own error", r)
 	}
+	testutil.Documented(t, operationsGuide, r)
 }
