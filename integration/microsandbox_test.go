@@ -414,6 +414,45 @@ if [ -e /usr/bin/node ]; then echo "image default"; else echo "image tiny"; fi
 	}
 }
 
+// TestMicrosandboxStopDuringBoot: a stop that reaches a shim while its VM
+// still boots (a new supervisor adopted the shim mid-start) is kept and
+// delivered once the runtime runs: the session ends 143 at once, rather
+// than the stop being dropped and the runtime running to the SIGKILL.
+func TestMicrosandboxStopDuringBoot(t *testing.T) {
+	requireMicrosandbox(t)
+	h, d := startVMDaemon(t, "")
+	ok(t, h, "agent", "create", "slow", "--strategy", "microsandbox", "--", "sleep", "120")
+	started := make(chan result, 1)
+	go func() {
+		cmd := exec.Command(agentconnect(), "--home", h, "session", "start", "slow")
+		out, _ := cmd.Output()
+		started <- result{stdout: string(out)}
+	}()
+	// The session exists once its shim wrote bootstrap.json; the VM boots
+	// for seconds after that (TCG).
+	var id string
+	eventually(t, 30*time.Second, "the session's shim to start", func() bool {
+		entries, _ := os.ReadDir(filepath.Join(h, "sessions"))
+		for _, e := range entries {
+			if _, err := os.Stat(filepath.Join(h, "sessions", e.Name(), "bootstrap.json")); err == nil {
+				id = e.Name()
+				return true
+			}
+		}
+		return false
+	})
+	d.kill9()
+	<-started // its answer went with the supervisor
+	d.restart()
+	stopped := show(t, h, strings.TrimSpace(ok(t, h, "session", "stop", "--timeout", "60", id)))
+	if stopped.State != "exited" || stopped.ExitCode != 128+int(syscall.SIGTERM) {
+		t.Fatalf("stopped during its boot: %+v, want exited %d (the SIGTERM kept for the runtime)", stopped, 128+int(syscall.SIGTERM))
+	}
+	if log, _ := os.ReadFile(filepath.Join(h, "sessions", id, "shim.log")); !strings.Contains(string(log), "signal while the run starts") {
+		t.Log("the VM had booted before the stop came: the stop during a start was not exercised this time")
+	}
+}
+
 // vmNetScript: conn NAME HOST PORT prints "NAME connected" when a raw TCP
 // connection (bash's /dev/tcp: no proxy variables involved) gets an answer,
 // else "NAME refused".

@@ -216,6 +216,7 @@ func (s *service) running(run Run, pid int, stdin StdinWriter, st *Steps, fields
 	now := time.Now()
 	s.mu.Lock()
 	s.run, s.pid, s.startedAt, s.stdin = run, pid, now, stdin
+	pending := s.pending
 	s.mu.Unlock()
 	if err := s.untilRoom("record running status", func() error {
 		return s.dir.WriteStatus(&session.Status{
@@ -225,6 +226,13 @@ func (s *service) running(run Run, pid int, stdin StdinWriter, st *Steps, fields
 		s.log.WithError(err).Error("record running status")
 	}
 	s.log.WithFields(fields).WithFields(logrus.Fields{"pid": pid, "steps": st.String()}).Info("runtime started")
+	if pending != 0 {
+		// A stop that came during the start: the session ends as it asked.
+		s.log.WithField("signal", pending).Info("deliver the signal that came while the run started")
+		if err := run.Signal(pending, true); err != nil {
+			s.log.WithError(err).Warnf("send %v to the session", pending)
+		}
+	}
 	go s.stopAtOutputLimit()
 }
 

@@ -68,6 +68,10 @@ type service struct {
 	stdin       StdinWriter
 	stdinClosed bool
 	exit        *session.Status
+	// pending is a signal that came while the run was starting (a stop
+	// racing a start, a VM still booting): the runtime gets it as soon as
+	// it runs, the strongest of them (SIGKILL over any other).
+	pending syscall.Signal
 	// outputLimited: the run was stopped at the output limit.
 	outputLimited bool
 	outputErr     string // the last output log error logged, so that each is logged once
@@ -239,7 +243,11 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 	if sig == 0 {
 		sig = syscall.SIGKILL
 	}
-	run := s.current()
+	run, starting := s.currentOrStarting(sig)
+	if starting {
+		s.log.WithField("signal", sig).Info("signal while the run starts: the runtime gets it once it runs")
+		return &shimv1.KillResponse{}, nil
+	}
 	if run == nil {
 		return nil, errdefs.FailedPrecondition("session %s is not running", s.rec.ID)
 	}
@@ -247,6 +255,24 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 		return nil, fmt.Errorf("signal the runtime of session %s: %w", s.rec.ID, err)
 	}
 	return &shimv1.KillResponse{}, nil
+}
+
+// currentOrStarting is the run while its runtime runs. While the run is
+// still starting, sig is kept for it (starting is true), to be delivered by
+// running.
+func (s *service) currentOrStarting(sig syscall.Signal) (run Run, starting bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status == shimv1.Status_RUNNING && s.run == nil && s.exit == nil {
+		if s.pending != syscall.SIGKILL {
+			s.pending = sig
+		}
+		return nil, true
+	}
+	if s.status != shimv1.Status_RUNNING || s.exit != nil {
+		return nil, false
+	}
+	return s.run, false
 }
 
 // current is the run while its runtime runs, else nil.
