@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 // adminBound is how long the admin API may take to answer status; a
@@ -47,6 +49,9 @@ type chaos struct {
 	// agentTrees are the agents' directories as they were before the
 	// first round.
 	agentTrees map[string]map[string]string
+	// cgroupRoots are the daemon's cgroup directories of this home, in
+	// every hierarchy: no session's may be left at the end.
+	cgroupRoots []string
 }
 
 func (c *chaos) add(what string, n int) {
@@ -272,6 +277,18 @@ func (c *chaos) tearDown(check bool) string {
 		if check {
 			if left := c.leftProcesses(nil, 10*time.Second); left != "" {
 				problems = append(problems, "after the last session was removed and the daemon stopped: "+left)
+			}
+			var cgroups []string
+			for _, root := range c.cgroupRoots {
+				entries, _ := os.ReadDir(root)
+				for _, e := range entries {
+					if e.IsDir() {
+						cgroups = append(cgroups, filepath.Join(root, e.Name()))
+					}
+				}
+			}
+			if len(cgroups) > 0 {
+				problems = append(problems, "session cgroups left after the last session was removed: "+leftovers.Brief(cgroups, 4))
 			}
 		}
 	}

@@ -316,6 +316,9 @@ func (c *chaos) check(p *plan) string {
 		}
 		if roots == nil {
 			roots = leftovers.CgroupRoots(s.Cgroup)
+			if c.cgroupRoots == nil {
+				c.cgroupRoots = roots
+			}
 		}
 		if left := c.waitRunGone(j.id); left != "" {
 			return fmt.Sprintf("%s ended, and its run left %s", j, left)
