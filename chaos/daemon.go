@@ -200,6 +200,9 @@ func (c *chaos) cli(timeout time.Duration, args ...string) cliResult {
 	cmd := exec.CommandContext(ctx, c.path("agentconnect"), append([]string{"--home", c.home}, args...)...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
+	// Its own process group: a ^C at the terminal is chaos's to handle
+	// (the round ends, then everything is cleaned up), not a failed call.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	t0 := time.Now()
 	err := cmd.Run()
 	r := cliResult{stdout: out.String(), stderr: errOut.String(), took: time.Since(t0), killed: c.gen.Load() != gen}
