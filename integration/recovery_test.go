@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
@@ -225,5 +227,39 @@ func TestManySessionsAtOnce(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// TestRecoveryRemovesStrayCgroups: a supervisor killed between making a
+// session's cgroup and writing its record leaves a cgroup no session names
+// (make chaos found one); the next supervisor removes it, and leaves the
+// cgroups of the sessions it adopts alone.
+func TestRecoveryRemovesStrayCgroups(t *testing.T) {
+	requireRoot(t)
+	home := newHome(t)
+	d := startDaemon(t, home)
+	ok(t, home, "agent", "create", "sleeper", "--", "sleep", "600")
+	id := strings.TrimSpace(ok(t, home, "session", "start", "sleeper"))
+	live := show(t, home, id)
+	if live.Cgroup == "" {
+		t.Skip("sessions run without cgroups here")
+	}
+	roots := leftovers.CgroupRoots(live.Cgroup)
+	d.kill9()
+	const stray = "0123456789abcdef"
+	for _, r := range roots {
+		if err := os.Mkdir(filepath.Join(r, stray), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.restart()
+	if left := leftovers.SessionCgroups(roots, map[string]bool{stray: true}); len(left) > 0 {
+		t.Errorf("the stray cgroup is still there after recovery: %v", left)
+	}
+	if kept := leftovers.SessionCgroups(roots, map[string]bool{id: true}); len(kept) != len(roots) {
+		t.Errorf("the adopted session's cgroup: %v in %d hierarchies, want all %d", kept, len(kept), len(roots))
+	}
+	if s := show(t, home, id); s.State != "running" || s.PID != live.PID {
+		t.Errorf("the adopted session: %+v, want running with pid %d", s, live.PID)
 	}
 }

@@ -87,8 +87,36 @@ func (s *Supervisor) recoverSessions() {
 	}
 	s.mu.Unlock()
 	s.removeStraySockets(live)
+	s.removeStrayCgroups()
 	if len(ids) > 0 {
 		s.log.WithFields(map[string]any{"sessions": len(ids), "adopted": adopted, "took": time.Since(start).Round(time.Millisecond).String()}).Info("sessions recovered")
+	}
+}
+
+// removeStrayCgroups kills and removes the session cgroups of this daemon
+// that belong to no session: a supervisor killed after it made a session's
+// cgroup and before it wrote the session's record leaves one (the record,
+// which names it, is what recovery goes by).
+func (s *Supervisor) removeStrayCgroups() {
+	if s.cgroups == nil {
+		return
+	}
+	for id, cg := range s.cgroups.Sessions() {
+		s.mu.Lock()
+		_, known := s.sessions[id]
+		s.mu.Unlock()
+		if known {
+			continue
+		}
+		log := s.log.WithField("session", id)
+		if err := cg.Kill(killWait); err != nil {
+			log.WithError(err).Warn("kill what is in a stray session cgroup")
+		}
+		if err := cg.Remove(); err != nil {
+			log.WithError(err).Warn("remove a stray session cgroup")
+			continue
+		}
+		log.Info("removed the cgroup of a start that never recorded its session")
 	}
 }
 

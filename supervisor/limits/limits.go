@@ -117,6 +117,24 @@ func (m *Manager) Close() {
 	}
 }
 
+// Sessions lists the session cgroups under the daemon's parent, by name
+// (the session's id), each with its directory in every hierarchy.
+func (m *Manager) Sessions() map[string]cgroupfs.Cgroup {
+	out := map[string]cgroupfs.Cgroup{}
+	for _, parent := range m.parentDirs {
+		entries, _ := os.ReadDir(parent)
+		for _, e := range entries {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), "probe-") {
+				continue
+			}
+			cg := out[e.Name()]
+			cg.Dirs = append(cg.Dirs, filepath.Join(parent, e.Name()))
+			out[e.Name()] = cg
+		}
+	}
+	return out
+}
+
 // Create makes the cgroup of one session with its limits. A zero pids limit
 // becomes DefaultPids.
 func (m *Manager) Create(sessionID string, l session.Limits) (cgroupfs.Cgroup, error) {
