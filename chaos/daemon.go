@@ -85,11 +85,6 @@ func (c *chaos) setUp() error {
 	if err := c.startDaemon(); err != nil {
 		return err
 	}
-	for _, a := range []struct{ name, strategy string }{{"chaos-host", "host"}, {"chaos-srt", "srt"}, {"chaos-vm", "microsandbox"}} {
-		if r := c.cli(30*time.Second, "agent", "create", a.name, "--strategy", a.strategy, "--", "true"); r.code != 0 {
-			return fmt.Errorf("agent create %s: exit %d: %s", a.name, r.code, strings.TrimSpace(r.stderr))
-		}
-	}
 	var st struct {
 		Strategies []struct {
 			Name      string `json:"name"`
@@ -109,11 +104,31 @@ func (c *chaos) setUp() error {
 			return fmt.Errorf("strategy %s is not available here: %s", s.Name, s.Reason)
 		}
 	}
+	if c.vmOK && *flagVMEvery == 0 {
+		c.vmOK, c.vmWhy = false, "-vm-every 0"
+	}
 	if !c.vmOK {
 		fmt.Printf("chaos: no microsandbox sessions: %s\n", c.vmWhy)
 	}
+	for _, strategy := range c.strategies() {
+		name := agentOf[strategy]
+		if r := c.cli(30*time.Second, "agent", "create", name, "--strategy", strategy, "--", "true"); r.code != 0 {
+			return fmt.Errorf("agent create %s: exit %d: %s", name, r.code, strings.TrimSpace(r.stderr))
+		}
+	}
 	fmt.Printf("chaos: home %s on a %d MiB loop filesystem\n", c.home, c.loop.mib)
 	return nil
+}
+
+// agentOf is the agent of each strategy's sessions.
+var agentOf = map[string]string{"host": "chaos-host", "srt": "chaos-srt", "microsandbox": "chaos-vm"}
+
+// strategies are those the run starts sessions in.
+func (c *chaos) strategies() []string {
+	if c.vmOK {
+		return []string{"host", "srt", "microsandbox"}
+	}
+	return []string{"host", "srt"}
 }
 
 func (c *chaos) path(name string) string { return filepath.Join(c.bin, name) }

@@ -42,7 +42,7 @@ type job struct {
 }
 
 func (j *job) agent() string {
-	return map[string]string{"host": "chaos-host", "srt": "chaos-srt", "microsandbox": "chaos-vm"}[j.strategy]
+	return agentOf[j.strategy]
 }
 
 // command prints 1..lines, one line per delay seconds, then exits; a

@@ -28,7 +28,8 @@ func (c *chaos) rounds(deadline time.Time) string {
 	// add only placeholders the ledger records (they go with the last
 	// boundary), and nothing may be left at the end.
 	c.agentTrees = map[string]map[string]string{}
-	for _, name := range []string{"chaos-host", "chaos-srt", "chaos-vm"} {
+	for _, strategy := range c.strategies() {
+		name := agentOf[strategy]
 		var a struct {
 			Dir string `json:"dir"`
 		}
@@ -135,7 +136,7 @@ func (c *chaos) plan(fullDisk bool) *plan {
 	for i := 1 + c.rng.IntN(3); i > 0; i-- {
 		add("srt", local)
 	}
-	if c.vmOK && *flagVMEvery > 0 && c.round%*flagVMEvery == 0 {
+	if c.vmOK && c.round%*flagVMEvery == 0 {
 		// No runtime kill in a VM: its runtime is the guest's process.
 		add("microsandbox", []kind{normal, killShim, stopRace})
 	}
