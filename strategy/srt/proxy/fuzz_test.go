@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 )
 
 // requestSeeds are request heads and SOCKS5 greetings, good and bad.
@@ -83,8 +85,16 @@ func FuzzServeConn(f *testing.F) {
 	for _, s := range requestSeeds {
 		f.Add([]byte(s))
 	}
+	// One name is allowed, and nowhere resolves it to a documentation
+	// address the policy refuses: whatever a request asks for (an IP
+	// literal too), the proxy has nothing it may dial. (With no policy, a
+	// public IP literal is allowed by design: the fuzzer found that.)
+	policy, err := netpolicy.New([]string{"allowed.example"}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := &Server{Resolver: nowhere{}, HandshakeTimeout: 100 * time.Millisecond,
+		s := &Server{Policy: policy, Resolver: nowhere{}, HandshakeTimeout: 100 * time.Millisecond,
 			Dial: func(context.Context, string, string) (net.Conn, error) {
 				t.Error("the proxy dialled")
 				return nil, errors.New("no dial in a fuzz test")
@@ -97,8 +107,11 @@ func FuzzServeConn(f *testing.F) {
 			server.Close()
 		}()
 		go func() {
+			// All of it, then the end: the proxy does not wait for more
+			// (a keep-alive connection would idle until its timeout).
 			client.SetDeadline(time.Now().Add(2 * time.Second))
 			client.Write(data)
+			client.Close()
 		}()
 		go io.Copy(io.Discard, client)
 		select {
