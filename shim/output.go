@@ -104,17 +104,23 @@ func diskFull(err error) bool {
 }
 
 // untilRoom calls write until it succeeds or fails for another reason than
-// a full disk: what the shim must record (a run's status) waits for room
-// rather than being lost.
+// a full disk: what the shim must record (the runtime's output, a run's
+// status) waits for room rather than being lost. what names it in the log,
+// once when the disk is full and once when there is room again.
 func (s *service) untilRoom(what string, write func() error) error {
+	var held time.Time
 	wait := 10 * time.Millisecond
-	for logged := false; ; logged = true {
+	for {
 		err := write()
 		if !diskFull(err) {
+			if !held.IsZero() {
+				s.log.WithField("held", time.Since(held).Round(time.Millisecond)).Infof("%s: the disk has room again", what)
+			}
 			return err
 		}
-		if !logged {
-			s.log.WithError(err).Errorf("%s: the session directory's disk is full; trying again until there is room", what)
+		if held.IsZero() {
+			held = time.Now()
+			s.log.WithError(err).Errorf("%s: the session directory's disk is full; held until there is room", what)
 		}
 		time.Sleep(wait)
 		wait = min(2*wait, time.Second)
@@ -122,34 +128,18 @@ func (s *service) untilRoom(what string, write func() error) error {
 }
 
 // writeRecord writes one record of at most MaxPayload bytes, holding it
-// while the disk is full. It returns false when the rest of the output is
-// to be dropped (the log reached its limit, or cannot be written).
+// while the disk is full (the runtime waits on its pipe meanwhile). It
+// returns false when the rest of the output is to be dropped (the log
+// reached its limit).
 func (s *service) writeRecord(stream outputlog.Stream, p []byte) bool {
-	var held time.Time
-	wait := 10 * time.Millisecond
-	for {
-		err := s.out.Write(stream, p)
-		switch {
-		case errors.Is(err, outputlog.ErrFull):
-			s.outputLimitReached()
-			return false
-		case diskFull(err):
-			if held.IsZero() {
-				held = time.Now()
-				s.log.WithError(err).Error("the session directory's disk is full: the runtime's output is held until there is room, and the runtime waits on its output meanwhile")
-			}
-			time.Sleep(wait)
-			wait = min(2*wait, time.Second)
-			continue
-		case err != nil:
-			s.outputError(err)
-			return true
-		}
-		if !held.IsZero() {
-			s.log.WithField("held", time.Since(held).Round(time.Millisecond)).Info("the disk has room again: the output goes on")
-		}
-		return true
+	switch err := s.untilRoom("the runtime's output", func() error { return s.out.Write(stream, p) }); {
+	case errors.Is(err, outputlog.ErrFull):
+		s.outputLimitReached()
+		return false
+	case err != nil:
+		s.outputError(err)
 	}
+	return true
 }
 
 // outputError logs an error writing the output log once, not once a write:

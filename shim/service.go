@@ -263,22 +263,24 @@ func (s *service) Kill(_ context.Context, req *shimv1.KillRequest) (*shimv1.Kill
 func (s *service) currentOrStarting(sig syscall.Signal) (run Run, starting bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.status == shimv1.Status_RUNNING && s.run == nil && s.exit == nil {
+	run = s.currentLocked()
+	if run == nil && s.status == shimv1.Status_RUNNING && s.exit == nil {
 		if s.pending != syscall.SIGKILL {
 			s.pending = sig
 		}
 		return nil, true
 	}
-	if s.status != shimv1.Status_RUNNING || s.exit != nil {
-		return nil, false
-	}
-	return s.run, false
+	return run, false
 }
 
 // current is the run while its runtime runs, else nil.
 func (s *service) current() Run {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.currentLocked()
+}
+
+func (s *service) currentLocked() Run {
 	if s.status != shimv1.Status_RUNNING || s.exit != nil {
 		return nil
 	}
