@@ -198,7 +198,6 @@ func (c *chaos) daemonPID() int {
 type cliResult struct {
 	stdout, stderr string
 	code           int
-	took           time.Duration
 	killed         bool // the daemon was SIGKILLed during the call
 }
 
@@ -218,9 +217,8 @@ func (c *chaos) cli(timeout time.Duration, args ...string) cliResult {
 	// Its own process group: a ^C at the terminal is chaos's to handle
 	// (the round ends, then everything is cleaned up), not a failed call.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	t0 := time.Now()
 	err := cmd.Run()
-	r := cliResult{stdout: out.String(), stderr: errOut.String(), took: time.Since(t0), killed: c.gen.Load() != gen}
+	r := cliResult{stdout: out.String(), stderr: errOut.String(), killed: c.gen.Load() != gen}
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):

@@ -33,6 +33,8 @@ type job struct {
 	lines    int    // the lines 1..lines it prints
 	delay    string // seconds between lines
 	exit     int    // its exit code when left alone
+	// strikeAfter is when its runtime or shim is killed after its start.
+	strikeAfter time.Duration
 
 	id       string
 	startErr string // the start's error, when it failed
@@ -123,9 +125,10 @@ func (c *chaos) findByName(name string) (string, error) {
 }
 
 // strike does j's fault to it once its session runs: SIGKILL of its
-// runtime or shim. landed says whether it reached a live process.
-func (c *chaos) strike(j *job, after time.Duration) error {
-	time.Sleep(after)
+// runtime or shim, strikeAfter its start. landed says whether it reached a
+// live process.
+func (c *chaos) strike(j *job) error {
+	time.Sleep(j.strikeAfter)
 	s, err := c.show(j.id)
 	if err != nil {
 		return err

@@ -126,6 +126,7 @@ func (c *chaos) plan(fullDisk bool) *plan {
 		}
 		if j.kind == killRuntime || j.kind == killShim {
 			j.lines, j.delay = 100+c.rng.IntN(100), "0.02" // still running when the kill comes
+			j.strikeAfter = time.Duration(200+c.rng.IntN(600)) * time.Millisecond
 		}
 		p.jobs = append(p.jobs, j)
 	}
@@ -221,7 +222,7 @@ func (c *chaos) play(p *plan) string {
 			}
 			switch j.kind {
 			case killRuntime, killShim:
-				if err := c.strike(j, time.Duration(200+c.pick(600))*time.Millisecond); err != nil {
+				if err := c.strike(j); err != nil {
 					fail(err)
 				}
 			}
@@ -238,14 +239,6 @@ func (c *chaos) play(p *plan) string {
 		return failure
 	}
 	return c.check(p)
-}
-
-// pick is a random number below n for a job's goroutine (the plan's own
-// generator is the round loop's alone).
-func (c *chaos) pick(n int) int {
-	c.counts.Lock()
-	defer c.counts.Unlock()
-	return c.rng.IntN(n)
 }
 
 // landedName counts a fault that reached its session.
