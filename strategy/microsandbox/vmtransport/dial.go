@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 )
 
@@ -30,7 +31,8 @@ func DialWithRetry(ctx context.Context, d Dialer, every time.Duration) (net.Conn
 	defer timer.Stop()
 	<-timer.C
 	// last is the last error that says why a dial failed: one cut short by
-	// the deadline says only that.
+	// the deadline says only that. The dialer's copy of the deadline can fire
+	// before ctx.Err() is set, so a timeout counts as cut short by itself.
 	var last error
 	for attempt := 1; ; attempt++ {
 		conn, err := d.Dial(ctx)
@@ -40,7 +42,7 @@ func DialWithRetry(ctx context.Context, d Dialer, every time.Duration) (net.Conn
 		if errors.Is(err, ErrNoVsock) || errors.Is(err, net.ErrClosed) {
 			return nil, err
 		}
-		if last == nil || ctx.Err() == nil {
+		if last == nil || !cutShort(ctx, err) {
 			last = err
 		}
 		if ctx.Err() != nil {
@@ -53,4 +55,9 @@ func DialWithRetry(ctx context.Context, d Dialer, every time.Duration) (net.Conn
 		case <-timer.C:
 		}
 	}
+}
+
+func cutShort(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }

@@ -72,3 +72,25 @@ func TestDialWithRetryStopsOnPermanentErrors(t *testing.T) {
 		}
 	}
 }
+
+// timeoutAfterFirst fails its first dial with ENOENT and every later one as a
+// dial whose own copy of the deadline fired while ctx.Err() is still nil.
+type timeoutAfterFirst struct{ n int }
+
+func (d *timeoutAfterFirst) Dial(context.Context) (net.Conn, error) {
+	d.n++
+	if d.n == 1 {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.ErrNotExist}
+	}
+	return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.ErrDeadlineExceeded}
+}
+
+func TestDialWithRetryKeepsTheTellingError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	d := &timeoutAfterFirst{}
+	_, err := DialWithRetry(ctx, d, 10*time.Millisecond)
+	if d.n < 2 || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("DialWithRetry = %v after %d dials, want the first dial's ENOENT, not a later timeout", err, d.n)
+	}
+}
