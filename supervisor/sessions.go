@@ -666,10 +666,11 @@ func (s *Supervisor) endRun(ss *sessionState, grace time.Duration) error {
 	if !ss.isRunning() {
 		return nil
 	}
-	conn := ss.connection()
-	if conn == nil {
-		return errdefs.Unavailable("the shim of session %s is not answering; try again", ss.id)
+	conn, done, err := s.reachShim(ss)
+	if err != nil {
+		return err
 	}
+	defer done()
 	s.sessionLog(ss).WithField("grace", grace).Info("stopping session")
 	steps := []struct {
 		sig  syscall.Signal
@@ -698,15 +699,43 @@ func (s *Supervisor) endRun(ss *sessionState, grace time.Duration) error {
 	return errdefs.Unavailable("session %s did not end after SIGKILL", ss.id)
 }
 
+// reachShim is the connection to a running session's shim, for a signal;
+// call done when finished with it. A shim that is alive but not adopted yet
+// (its VM still boots under a new supervisor: adopt gave up waiting for the
+// start) gets a connection of its own, since it keeps a signal for a run
+// that starts.
+func (s *Supervisor) reachShim(ss *sessionState) (conn *shimConn, done func(), err error) {
+	if conn := ss.connection(); conn != nil {
+		return conn, func() {}, nil
+	}
+	boot, err := ss.dir.ReadBootstrap()
+	switch {
+	case err != nil || boot == nil || boot.Run != ss.record().Run:
+		err = fmt.Errorf("bootstrap.json does not name the run's shim: %v", err)
+	case !procstat.Alive(boot.PID, boot.StartTime):
+		err = fmt.Errorf("shim (pid %d) is gone", boot.PID)
+	default:
+		conn, err = dialShim(s.ctx, boot, dialTimeout)
+	}
+	if err != nil {
+		return nil, nil, errdefs.Unavailable("the shim of session %s is not answering (%v); try again", ss.id, err)
+	}
+	return conn, conn.close, nil
+}
+
 func (s *Supervisor) killSession(id string, sig syscall.Signal) error {
 	ss, err := s.lookupSession(id)
 	if err != nil {
 		return err
 	}
-	conn := ss.connection()
-	if !ss.isRunning() || conn == nil {
+	if !ss.isRunning() {
 		return errdefs.FailedPrecondition("session %s is not running", ss.id)
 	}
+	conn, done, err := s.reachShim(ss)
+	if err != nil {
+		return err
+	}
+	defer done()
 	ctx, cancel := context.WithTimeout(s.ctx, callTimeout)
 	defer cancel()
 	if _, err := conn.shim.Kill(ctx, &shimv1.KillRequest{Signal: uint32(sig)}); err != nil {
