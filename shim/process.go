@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/internal/execmsg"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
@@ -144,47 +145,69 @@ func (s *service) runHelper(name string, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// startInCgroup starts argv through "agentconnect-shim init" in its own
-// process group, with stdio and extra files (at fds 5 and up), places it in
-// the session's cgroup, then lets it exec argv[3:] (the init protocol: fd 3
-// releases it, fd 4 reports an exec failure, closed by a successful exec).
-// It returns the launcher's pid, its exit, and init's exec error if any.
-// With cred, the launcher (init, then the runtime) runs as that account.
-func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (int, <-chan syscall.WaitStatus, string, error) {
+// Launcher is "agentconnect-shim init" started in the session's cgroup and
+// its own process group, waiting to be told what to exec (see runInit).
+type Launcher struct {
+	PID    int
+	Exited <-chan syscall.WaitStatus
+	syncW  *os.File
+	errR   *os.File
+}
+
+// spawnInCgroup starts init in its own process group with stdio and extra
+// files (at fds 5 and up) and places it in the session's cgroup; it execs
+// what Exec gives it. With cred, the launcher (init, then what it execs)
+// runs as that account.
+func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
-		return 0, nil, "", err
+		return nil, err
 	}
-	defer syncW.Close()
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		syncR.Close()
-		return 0, nil, "", err
+		syncW.Close()
+		return nil, err
 	}
-	defer errR.Close()
 	files := append([]*os.File{stdio[0], stdio[1], stdio[2], syncR, errW}, extra...)
-	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files,
+	attr := &os.ProcAttr{Dir: dir, Env: []string{}, Files: files,
 		// The session's own process group: kill(-pid) reaches its children.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-	launcher, exitStatus, err := s.spawn("/proc/self/exe", argv, attr)
+	pid, exited, err := s.spawn("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr)
 	syncR.Close()
 	errW.Close()
+	l := &Launcher{PID: pid, Exited: exited, syncW: syncW, errR: errR}
 	if err != nil {
-		return 0, nil, "", fmt.Errorf("start runtime: %w", err)
+		syncW.Close()
+		errR.Close()
+		return nil, fmt.Errorf("start runtime: %w", err)
 	}
-	if err := s.cg.Add(launcher); err != nil {
-		syscall.Kill(launcher, syscall.SIGKILL)
-		<-exitStatus
-		return 0, nil, "", err
+	if err := s.cg.Add(pid); err != nil {
+		l.Abandon()
+		return nil, err
 	}
-	if _, err := syncW.Write([]byte{0}); err != nil {
-		syscall.Kill(launcher, syscall.SIGKILL)
-		<-exitStatus
-		return 0, nil, "", fmt.Errorf("release runtime: %w", err)
+	return l, nil
+}
+
+// Exec tells the launcher to exec argv with env, and returns init's exec
+// error if any ("" once the exec succeeded).
+func (l *Launcher) Exec(argv, env []string) (string, error) {
+	defer l.errR.Close()
+	if err := execmsg.Send(l.syncW, execmsg.Message{Argv: argv, Env: env}); err != nil {
+		syscall.Kill(l.PID, syscall.SIGKILL)
+		<-l.Exited
+		return "", fmt.Errorf("release runtime: %w", err)
 	}
-	syncW.Close()
-	execErr, _ := io.ReadAll(io.LimitReader(errR, 4096))
-	return launcher, exitStatus, string(execErr), nil
+	execErr, _ := io.ReadAll(io.LimitReader(l.errR, 4096))
+	return string(execErr), nil
+}
+
+// Abandon kills a launcher that was never told to exec, and waits for it.
+func (l *Launcher) Abandon() {
+	syscall.Kill(l.PID, syscall.SIGKILL)
+	l.syncW.Close()
+	l.errR.Close()
+	<-l.Exited
 }
 
 // Steps times the steps of a start, for the log: where a slow start goes.
@@ -199,6 +222,13 @@ func NewSteps() *Steps { return &Steps{mark: time.Now()} }
 // Done ends the step name.
 func (st *Steps) Done(name string) {
 	st.list = append(st.list, fmt.Sprintf("%s %v", name, time.Since(st.mark).Round(10*time.Microsecond)))
+	st.mark = time.Now()
+}
+
+// Waited records that the start waited (a warm boundary, for the session
+// that claims it) and restarts the timing from now.
+func (st *Steps) Waited() {
+	st.list = append(st.list, fmt.Sprintf("warm for %v", time.Since(st.mark).Round(time.Millisecond)))
 	st.mark = time.Now()
 }
 

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"io"
 	"os"
 	"sync"
@@ -27,6 +28,35 @@ type Runner interface {
 	// (SandboxSetupError).
 	Start(h *Host) (Run, error)
 }
+
+// Preparer is a Runner that can do a start's work ahead of the session: a
+// warm boundary (session.Record.Warm) is prepared as soon as its shim
+// serves, and bound to the session that claims it by Prepared.Start. Its
+// Start is Prepare, then Prepared.Start.
+type Preparer interface {
+	Runner
+	// Prepare builds the run up to the runtime's exec from what the session
+	// shares with its agent (workspace, mounts, policy, limits), nothing of
+	// its own (command, env, secrets). On error nothing it started is left.
+	Prepare(h *Host) (Prepared, error)
+}
+
+// Prepared is a run built up to the runtime's exec.
+type Prepared interface {
+	// Start binds what is the session's own (h's session, as it is now,
+	// and its secrets), lets the runtime exec and reports it with
+	// Host.Running. ErrStaleBoundary: the run was built before something
+	// it protects changed; nothing was started, and the caller discards it.
+	// On other errors nothing of the run is left.
+	Start(h *Host) (Run, error)
+	// Discard ends a run that will not start, leaving nothing of it.
+	Discard(h *Host)
+}
+
+// ErrStaleBoundary is Prepared.Start's error for a run prepared before the
+// workspace changed in a way that a start now would protect (a repository
+// made since): the shim then discards it and starts afresh.
+var ErrStaleBoundary = errors.New("the boundary was built before the workspace changed")
 
 // Run is a started runtime, until its end.
 type Run interface {
@@ -59,6 +89,14 @@ type Host struct {
 // Session is the session the shim runs.
 func (h *Host) Session() *session.Record { return h.s.rec }
 
+// Warm reports whether the run was prepared ahead of its session (a warm
+// boundary the session claimed).
+func (h *Host) Warm() bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	return h.s.wasWarm
+}
+
 // Dir is the session's directory.
 func (h *Host) Dir() session.Dir { return h.s.dir }
 
@@ -81,11 +119,26 @@ func (h *Host) RunHelper(name string, args ...string) ([]byte, error) {
 	return h.s.runHelper(name, args...)
 }
 
-// StartInCgroup starts argv through "init" in its own process group and the
-// session's cgroup, as cred's account when it is not nil (see
-// startInCgroup).
+// SpawnInCgroup starts "agentconnect-shim init" in its own process group
+// and the session's cgroup, as cred's account when it is not nil; it waits
+// for Launcher.Exec. Every process of a run starts this way, so none runs
+// outside the cgroup.
+func (h *Host) SpawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {
+	return h.s.spawnInCgroup(dir, stdio, extra, cred)
+}
+
+// StartInCgroup is SpawnInCgroup, then Exec of argv with env: it returns
+// the launcher's pid, its exit, and init's exec error if any.
 func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (int, <-chan syscall.WaitStatus, string, error) {
-	return h.s.startInCgroup(argv, dir, env, stdio, extra, cred)
+	l, err := h.s.spawnInCgroup(dir, stdio, extra, cred)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	execErr, err := l.Exec(argv, env)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	return l.PID, l.Exited, execErr, nil
 }
 
 // KillCgroup kills every process in the session's cgroup, when it has one.

@@ -91,6 +91,13 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	}); err != nil {
 		return fail(err)
 	}
+	if rec.Warm {
+		// Ready once the run is prepared: the supervisor adds only
+		// prepared shims to its warm pool.
+		if err := svc.prepareWarm(); err != nil {
+			return fail(fmt.Errorf("prepare the warm boundary: %w", err))
+		}
+	}
 	if err := json.NewEncoder(readyW).Encode(shimv1.Ready{PID: os.Getpid(), StartTime: start}); err != nil {
 		return err
 	}
@@ -116,6 +123,7 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 			}
 		}
 	}
+	svc.discardWarm() // a warm boundary no session claimed
 	select {
 	case <-svc.exited: // a run ended: its leftovers go before the shim does
 		<-svc.cleanedUp

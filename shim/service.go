@@ -53,6 +53,11 @@ type service struct {
 	// fwd are the run's forwards from the host's loopback into the session.
 	fwd forwards
 
+	// warm is the run prepared ahead of its session (session.Record.Warm),
+	// until Start binds it or the shim discards it; wasWarm stays.
+	warm    Prepared
+	wasWarm bool
+
 	renewMu sync.Mutex // guards the fields below
 	// renewed are the secrets renewed by their token endpoints during the
 	// run, by name: their latest values, for SecretUpdates.
@@ -168,6 +173,14 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 		s.mu.Unlock()
 		return nil, errdefs.FailedPrecondition("session %s: cannot start a run that is %s", s.rec.ID, strings.ToLower(st.String()))
 	}
+	if s.warm != nil {
+		// The supervisor has bound the session to this warm shim: what it
+		// wrote in session.json for it is the session's own.
+		if err := s.claimLocked(); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
 	s.status = shimv1.Status_RUNNING // no second Start gets past here
 	// In memory only: session.json is not written again by the shim.
 	s.rec.Spec.Env = session.MergeEnv(s.rec.Spec.Env, req.Env)
@@ -209,12 +222,88 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 	return &shimv1.StartResponse{Pid: uint32(pid)}, nil
 }
 
-// launch starts the runtime with this shim's runner for the session's
-// strategy.
-func (s *service) launch() (Run, error) {
+// claimLocked takes from session.json what the supervisor bound to a warm
+// shim at claim time: the command, the env, the creation time. The rest of
+// the record is what the warm run was prepared from, which the supervisor
+// compared before it claimed the shim.
+func (s *service) claimLocked() error {
+	rec, err := s.dir.ReadRecord()
+	if err != nil {
+		return fmt.Errorf("session %s: read the claimed session: %w", s.rec.ID, err)
+	}
+	if rec.ID != s.rec.ID || rec.Run != s.rec.Run || rec.Warm {
+		return errdefs.FailedPrecondition("session %s: session.json does not bind this warm shim (session %s, run %d, warm %v)", s.rec.ID, rec.ID, rec.Run, rec.Warm)
+	}
+	s.rec.Warm, s.rec.CreatedAt = false, rec.CreatedAt
+	s.rec.Spec.Command, s.rec.Spec.CommandOverride, s.rec.Spec.Env = rec.Spec.Command, rec.Spec.CommandOverride, rec.Spec.Env
+	s.log.Info("warm boundary claimed")
+	return nil
+}
+
+func (s *service) runner() (Runner, error) {
 	runner := s.runners[s.rec.Strategy]
 	if runner == nil {
 		return nil, errdefs.FailedPrecondition("session %s: this shim (%s) does not run the %s strategy: the daemon starts the shim of each strategy's family", s.rec.ID, os.Args[0], s.rec.Strategy)
+	}
+	return runner, nil
+}
+
+// prepareWarm prepares the run of a warm shim (session.Record.Warm), for
+// Start to bind.
+func (s *service) prepareWarm() error {
+	runner, err := s.runner()
+	if err != nil {
+		return err
+	}
+	p, ok := runner.(Preparer)
+	if !ok {
+		return errdefs.FailedPrecondition("session %s: the %s strategy has no warm boundaries", s.rec.ID, s.rec.Strategy)
+	}
+	prepared, err := p.Prepare(&Host{s})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.warm, s.wasWarm = prepared, true
+	s.mu.Unlock()
+	s.log.Info("warm boundary ready")
+	return nil
+}
+
+// discardWarm ends a warm run that no session claimed.
+func (s *service) discardWarm() {
+	s.mu.Lock()
+	p := s.warm
+	s.warm = nil
+	s.mu.Unlock()
+	if p != nil {
+		p.Discard(&Host{s})
+		s.log.Info("warm boundary discarded")
+	}
+}
+
+// launch starts the runtime with this shim's runner for the session's
+// strategy: the warm run when there is one, built afresh when the warm one
+// is stale.
+func (s *service) launch() (Run, error) {
+	s.mu.Lock()
+	p := s.warm
+	s.warm = nil
+	s.mu.Unlock()
+	if p != nil {
+		run, err := p.Start(&Host{s})
+		if !errors.Is(err, ErrStaleBoundary) {
+			return run, err
+		}
+		s.log.WithError(err).Info("warm boundary stale: building it again")
+		p.Discard(&Host{s})
+		s.mu.Lock()
+		s.wasWarm = false
+		s.mu.Unlock()
+	}
+	runner, err := s.runner()
+	if err != nil {
+		return nil, err
 	}
 	return runner.Start(&Host{s})
 }

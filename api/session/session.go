@@ -44,6 +44,11 @@ type Record struct {
 	// Run counts the runs: 1 for the first, one more for each resume.
 	Run  uint32 `json:"run"`
 	Spec Spec   `json:"spec"`
+	// Warm marks a warm boundary that no session has claimed yet: its shim
+	// prepares the run from Spec and waits; the supervisor that claims it
+	// rewrites the record with the session's own command and env (and
+	// Warm false) before Start. Users never see one.
+	Warm bool `json:"warm,omitempty"`
 }
 
 // Spec is what a shim runs.

@@ -533,3 +533,29 @@ func dup(f *os.File) (*os.File, error) {
 func procPath(f *os.File) string {
 	return "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
 }
+
+// Stale reports whether the roots now hold a git directory the plan does
+// not protect (a repository made since Prepare, by another session of the
+// agent, say): a boundary built from the plan ahead of its session (a warm
+// one) must then be built again, or it would protect less than a start now.
+func (p *Plan) Stale() (bool, error) {
+	protected := map[string]bool{}
+	for _, g := range p.GitDirs {
+		protected[g] = true
+	}
+	for _, r := range p.roots {
+		if r.Dir == nil {
+			return false, fmt.Errorf("the plan of %s was released", r.Host)
+		}
+		dirs, err := findGitDirs(r)
+		if err != nil {
+			return false, err
+		}
+		for _, g := range dirs {
+			if !protected[filepath.Join(r.Host, g)] {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}

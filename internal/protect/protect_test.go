@@ -542,3 +542,22 @@ func TestChecksFileRoundTrip(t *testing.T) {
 		t.Errorf("checks = %s, want %s", a, b)
 	}
 }
+
+// TestStaleSeesANewRepository: a plan made before a repository appeared in
+// its root protects less than one made now (a warm boundary is then built
+// again); files that are not repositories change nothing.
+func TestStaleSeesANewRepository(t *testing.T) {
+	ws, p := repoPlan(t)
+	if stale, err := p.Stale(); stale || err != nil {
+		t.Fatalf("Stale right after Prepare = %v, %v; want false", stale, err)
+	}
+	os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("x"), 0o644)
+	os.MkdirAll(filepath.Join(ws, "src", "pkg"), 0o755)
+	if stale, err := p.Stale(); stale || err != nil {
+		t.Fatalf("Stale after plain files = %v, %v; want false", stale, err)
+	}
+	git(t, filepath.Join(ws, "src", "pkg"), "init", "-q")
+	if stale, err := p.Stale(); !stale || err != nil {
+		t.Fatalf("Stale after git init in src/pkg = %v, %v; want true", stale, err)
+	}
+}

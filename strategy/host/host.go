@@ -29,11 +29,20 @@ type Runner struct {
 
 // Boundary wraps a run's process in a sandbox.
 type Boundary interface {
-	// Prepare builds the boundary for a runtime whose stderr is stderr.
+	// Prepare builds the boundary for a runtime whose stderr is stderr,
+	// from what the session shares with its agent (workspace, mounts,
+	// policy, limits): nothing of the session's own (command, env,
+	// secrets), which Bind gives it.
 	Prepare(h *shim.Host, stderr *os.File) (Launch, error)
-	// Started follows the boundary once the launcher runs: it returns the
-	// runtime's pid and the pids a graceful signal must spare.
+	// Started follows the boundary once the launcher runs, up to the
+	// runtime's exec: it returns the runtime's pid and the pids a graceful
+	// signal must spare.
 	Started(h *shim.Host, launcher int) (pid int, spare []int, err error)
+	// Bind gives the boundary what is the session's own, from h's session
+	// and secrets, and lets the runtime exec. shim.ErrStaleBoundary: the
+	// boundary, built ahead of the session, would protect less than one
+	// built now; nothing was started.
+	Bind(h *shim.Host) error
 	// Failed makes the start's error once a boundary that did not come up
 	// is killed and reaped.
 	Failed(ws syscall.WaitStatus, err error) error
@@ -46,9 +55,9 @@ type Boundary interface {
 	Release()
 }
 
-// Launch is how a boundary starts the runtime: the launcher's command (run
-// through init) and environment, its stderr (nil: the runtime's own), and
-// the files it gets from fd 5 up.
+// Launch is how a boundary starts: the launcher's command (execed by init)
+// and environment, its stderr (nil: the runtime's own), and the files it
+// gets from fd 5 up.
 type Launch struct {
 	Argv   []string
 	Env    []string
@@ -58,10 +67,21 @@ type Launch struct {
 	Close func()
 }
 
-// Start starts the runtime through "agentconnect-shim init" (directly, or
-// as the boundary says), places it in the session's cgroup, lets it exec,
-// and starts copying its output.
-func (r Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
+// Start prepares the run (Prepare) and starts it at once.
+func (r Runner) Start(h *shim.Host) (shim.Run, error) {
+	p, err := r.Prepare(h)
+	if err != nil {
+		return nil, err
+	}
+	return p.Start(h)
+}
+
+// Prepare does all of a start that is not the session's own: the pipes, the
+// boundary, and "agentconnect-shim init" in the session's cgroup (for srt,
+// the sandbox up to the runtime's exec). Start binds the rest.
+func (r Runner) Prepare(h *shim.Host) (_ shim.Prepared, retErr error) {
+	st := shim.NewSteps()
+	p := &prepared{st: st}
 	var closers []*os.File
 	defer func() {
 		if retErr != nil {
@@ -86,22 +106,19 @@ func (r Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	}
 	closers = append(closers, stderrR, stderrW)
 
-	// How long each step took, for the log: where a slow start goes.
-	st := shim.NewSteps()
 	spec := h.Session().Spec
-	launch := Launch{Argv: append([]string{"agentconnect-shim", "init", "--"}, spec.Command...), Env: spec.Env}
-	var b Boundary
+	var launch Launch
 	if r.NewBoundary != nil {
-		b = r.NewBoundary()
-		if launch, err = b.Prepare(h, stderrW); err != nil {
+		p.b = r.NewBoundary()
+		if launch, err = p.b.Prepare(h, stderrW); err != nil {
 			return nil, shim.SandboxSetupError(err)
 		}
 		st.Done("boundary")
 		defer func() {
 			if retErr != nil {
 				launch.Close()
-				b.Stop(h)
-				b.Release()
+				p.b.Stop(h)
+				p.b.Release()
 			}
 		}()
 	}
@@ -112,10 +129,10 @@ func (r Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	// The account the supervisor named (sandbox.host.user); a boundary
 	// makes its own.
 	var cred *syscall.Credential
-	if u := spec.RunAs; u != nil && b == nil {
+	if u := spec.RunAs; u != nil && p.b == nil {
 		cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	launcher, exited, execErr, err := h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra, cred)
+	l, err := h.SpawnInCgroup(spec.Workspace, stdio, launch.Extra, cred)
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
 		f.Close()
 	}
@@ -126,27 +143,105 @@ func (r Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	p.launcher, p.stdin, p.outputs = l, stdinW, []*os.File{stdoutR, stderrR}
+	p.pid = l.PID
+	if p.b == nil {
+		st.Done("exec")
+		return p, nil
+	}
+	// The boundary's launcher (bwrap) runs now; the runtime waits in it.
+	if p.execErr, err = l.Exec(launch.Argv, launch.Env); err != nil {
+		return nil, err
+	}
 	st.Done("exec")
-
-	p := &process{h: h, b: b, pid: launcher, launcher: launcher, exited: exited, execErr: execErr,
-		outputs: []*os.File{stdoutR, stderrR}}
-	if b != nil && execErr == "" {
-		if p.pid, p.spare, err = b.Started(h, launcher); err != nil {
-			// The launcher is not reaped yet, so its pid (and group) is
-			// still ours.
-			shim.KillGroup(launcher, syscall.SIGKILL)
-			if kerr := h.KillCgroup(); kerr != nil {
-				h.Log().WithError(kerr).Warn("kill the sandbox that did not start")
-			}
-			return nil, shim.SandboxSetupError(b.Failed(<-exited, err))
+	if p.execErr == "" {
+		if p.pid, p.spare, err = p.b.Started(h, l.PID); err != nil {
+			p.kill(h)
+			return nil, shim.SandboxSetupError(p.b.Failed(<-l.Exited, err))
 		}
 		st.Done("sandbox")
 	}
-	p.copiers.Add(2)
-	go h.CopyOutput(stdoutR, outputlog.Stdout, &p.copiers)
-	go h.CopyOutput(stderrR, outputlog.Stderr, &p.copiers)
-	h.Running(p, p.pid, stdinW, st, logrus.Fields{"launcher": launcher})
 	return p, nil
+}
+
+// prepared is a run up to the runtime's exec.
+type prepared struct {
+	b        Boundary // nil: none
+	launcher *shim.Launcher
+	pid      int    // the runtime's, once it runs
+	spare    []int  // what a graceful signal spares besides the launcher (the sandbox's init)
+	execErr  string // init's, when it could not exec the boundary's launcher
+	stdin    *os.File
+	outputs  []*os.File
+	st       *shim.Steps
+}
+
+// kill ends a launcher that is not reaped yet (its pid, and group, are
+// still ours) and what it started in the cgroup.
+func (p *prepared) kill(h *shim.Host) {
+	shim.KillGroup(p.launcher.PID, syscall.SIGKILL)
+	if err := h.KillCgroup(); err != nil {
+		h.Log().WithError(err).Warn("kill the sandbox that did not start")
+	}
+}
+
+// Start binds what is the session's own and lets the runtime exec: the
+// command and env (through init, or the boundary's Bind), then copies its
+// output.
+func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
+	if h.Warm() {
+		p.st.Waited()
+	}
+	spec := h.Session().Spec
+	if p.b == nil {
+		execErr, err := p.launcher.Exec(spec.Command, spec.Env)
+		if err != nil {
+			p.closeFiles()
+			return nil, err
+		}
+		p.execErr = execErr
+	} else if p.execErr == "" {
+		if err := p.b.Bind(h); err != nil {
+			if errors.Is(err, shim.ErrStaleBoundary) {
+				return nil, err // the caller discards it
+			}
+			p.kill(h)
+			<-p.launcher.Exited
+			p.closeFiles()
+			p.b.Stop(h)
+			p.b.Release()
+			return nil, shim.SandboxSetupError(err)
+		}
+	}
+	p.st.Done("bind")
+	proc := &process{h: h, b: p.b, pid: p.pid, launcher: p.launcher.PID, exited: p.launcher.Exited,
+		execErr: p.execErr, spare: p.spare, outputs: p.outputs}
+	proc.copiers.Add(2)
+	go h.CopyOutput(p.outputs[0], outputlog.Stdout, &proc.copiers)
+	go h.CopyOutput(p.outputs[1], outputlog.Stderr, &proc.copiers)
+	h.Running(proc, proc.pid, p.stdin, p.st, logrus.Fields{"launcher": p.launcher.PID})
+	return proc, nil
+}
+
+// Discard ends a run that was prepared and will not start: its launcher,
+// its boundary, its pipes.
+func (p *prepared) Discard(h *shim.Host) {
+	if p.b == nil {
+		p.launcher.Abandon()
+	} else {
+		p.kill(h)
+		<-p.launcher.Exited
+		p.b.Stop(h)
+		p.b.Release()
+	}
+	p.closeFiles()
+}
+
+func (p *prepared) closeFiles() {
+	p.stdin.Close()
+	for _, f := range p.outputs {
+		f.Close()
+	}
 }
 
 // process is a run of the runtime as the shim's process tree.

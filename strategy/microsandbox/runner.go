@@ -135,7 +135,7 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 		consoleW.Close()
 		return nil, err
 	}
-	argv := append([]string{"agentconnect-shim", "init", "--", vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
+	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
 	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
 	devnull.Close()

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/execmsg"
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/shim"
@@ -32,6 +33,10 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy/srt/sandbox"
 	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
 )
+
+// launcherPath is bwrap's and sandbox-exec's PATH: neither looks anything
+// up; the runtime gets its own environment with its command (Bind).
+const launcherPath = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 // sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.
 const sandboxReadyTimeout = 20 * time.Second
@@ -52,6 +57,7 @@ type srtRun struct {
 	statusR    *os.File
 	listenersR *os.File
 	execErrR   *os.File
+	execW      *os.File // the runtime's command, for sandbox-exec (FDExec)
 	proxy      *proxy.Server
 	violations *shim.Violations
 	inject     *shim.Injector // for a run with secrets
@@ -78,9 +84,6 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 				r.boundary.Close()
 				r.boundary.Release()
 			}
-			if r.inject != nil {
-				r.inject.Stop()
-			}
 		}
 	}()
 	pair := func() (*os.File, *os.File, error) {
@@ -90,7 +93,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		}
 		return rd, wr, err
 	}
-	var statusW, execErrW, seccompR, seccompW *os.File
+	var statusW, execErrW, execR, seccompR, seccompW *os.File
 	var err error
 	if r.setupR, r.setupW, err = pair(); err != nil {
 		return host.Launch{}, err
@@ -102,6 +105,9 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		return host.Launch{}, err
 	}
 	if seccompR, seccompW, err = pair(); err != nil {
+		return host.Launch{}, err
+	}
+	if execR, r.execW, err = pair(); err != nil {
 		return host.Launch{}, err
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -138,22 +144,13 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		return host.Launch{}, err
 	}
 	defer exe.Close()
-	// Secrets: their tunnels go to agentconnect-inject, whose session CA
-	// the sandbox trusts.
-	var caFile *os.File
-	env := session.MergeEnv(spec.Env, sandbox.ProxyEnv())
-	if len(h.Secrets()) > 0 {
-		in, caPEM, err := h.StartInjector(sb.TrustedCAPEM)
-		if err != nil {
-			return host.Launch{}, err
-		}
-		r.inject = in
-		if caFile, err = caBundle(string(h.Dir()), caPEM); err != nil {
-			return host.Launch{}, fmt.Errorf("the sandbox's trust store: %w", err)
-		}
-		defer caFile.Close() // the boundary holds its own copy
-		env = session.MergeEnv(env, session.CAEnv())
+	// The sandbox's trust store: the system's, and the session CA's once
+	// a run with secrets binds the sandbox (Bind appends it).
+	caFile, err := caBundle(string(h.Dir()))
+	if err != nil {
+		return host.Launch{}, fmt.Errorf("the sandbox's trust store: %w", err)
 	}
+	defer caFile.Close() // the boundary holds its own copy
 	mounts := make([]sandbox.Mount, len(sb.Mounts))
 	for i, m := range sb.Mounts {
 		mounts[i] = sandbox.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly}
@@ -162,7 +159,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		DaemonHome: sb.DaemonHome, Hidden: sb.Hidden, AgentDir: sb.AgentDir,
 		Workspace: spec.Workspace, SharedWorkspace: sb.SharedWorkspace,
 		Home: spec.Home, Memory: spec.Memory, Tmp: spec.Tmp, Mounts: mounts,
-		NestedSandbox: sb.NestedSandbox, Command: spec.Command, Credentials: sb.Credentials,
+		NestedSandbox: sb.NestedSandbox, Credentials: sb.Credentials,
 		Ledger: protect.LedgerPath(sb.DaemonHome), CABundle: caFile,
 		SocketCache: filepath.Join(sb.DaemonHome, "run", "host-sockets.json"),
 	}, exe, true)
@@ -180,15 +177,12 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		OnViolation: r.violations.Add,
 		Logf:        h.Log().Debugf,
 	}
-	if r.inject != nil {
-		r.proxy.Interceptor = r.inject
-	}
-	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks}, r.boundary.Files...)
-	// bwrap's own stderr is the setup pipe; the runtime's is fd 6. Its
-	// only network is the proxy: the proxy variables point at it.
+	r.childFiles = append([]*os.File{statusW, stderr, listenersW, execErrW, seccompR, r.boundary.Checks, execR}, r.boundary.Files...)
+	// bwrap's own stderr is the setup pipe; the runtime's is fd 6. The
+	// runtime's environment comes with its command (Bind).
 	return host.Launch{
-		Argv:   append([]string{"agentconnect-shim", "init", "--", bwrap}, r.boundary.Args...),
-		Env:    env,
+		Argv:   append([]string{bwrap}, r.boundary.Args...),
+		Env:    []string{"PATH=" + launcherPath},
 		Stderr: r.setupW,
 		Extra:  r.childFiles,
 		Close:  r.closeChildEnds,
@@ -319,7 +313,7 @@ func runtimeOf(nsInit int) int {
 }
 
 // receiveListeners takes the listening sockets sandbox-exec made inside
-// the sandbox and serves the policy proxy on them. It reports false when
+// the sandbox, for Bind to serve the policy proxy on. It reports false when
 // the sandbox ended before handing them over.
 func (r *srtRun) receiveListeners() bool {
 	buf := make([]byte, 1024)
@@ -347,9 +341,47 @@ func (r *srtRun) receiveListeners() bool {
 		r.mu.Lock()
 		r.listeners = append(r.listeners, l)
 		r.mu.Unlock()
-		go r.proxy.Serve(l)
 	}
 	return true
+}
+
+// Bind gives the sandbox the session's own: its secrets (agentconnect-inject,
+// whose session CA the trust store gains), the proxy on the listeners, and
+// the runtime's command and environment, which sandbox-exec then execs. A
+// sandbox built before a repository appeared in its roots is stale: a start
+// now would protect the repository.
+func (r *srtRun) Bind(h *shim.Host) error {
+	if stale, err := r.boundary.Stale(); err != nil {
+		return fmt.Errorf("check the protected names: %w", err)
+	} else if stale {
+		return shim.ErrStaleBoundary
+	}
+	spec := h.Session().Spec
+	// Its only network is the proxy: the proxy variables point at it.
+	env := session.MergeEnv(spec.Env, sandbox.ProxyEnv())
+	if len(h.Secrets()) > 0 {
+		// Their tunnels go to agentconnect-inject, whose session CA the
+		// sandbox trusts.
+		in, caPEM, err := h.StartInjector(spec.Sandbox.TrustedCAPEM)
+		if err != nil {
+			return err
+		}
+		r.inject = in
+		if err := addCA(string(h.Dir()), caPEM); err != nil {
+			return fmt.Errorf("the sandbox's trust store: %w", err)
+		}
+		r.proxy.Interceptor = in
+		env = session.MergeEnv(env, session.CAEnv())
+	}
+	r.mu.Lock()
+	for _, l := range r.listeners {
+		go r.proxy.Serve(l)
+	}
+	r.mu.Unlock()
+	if err := execmsg.Send(r.execW, execmsg.Message{Argv: spec.Command, Env: env}); err != nil {
+		return fmt.Errorf("give the sandbox its command: %w", err)
+	}
+	return nil
 }
 
 // Exit interprets the launcher's exit: what sandbox-exec reported, a
@@ -382,6 +414,7 @@ func (r *srtRun) Stop(h *shim.Host) {
 	if r.inject != nil {
 		r.inject.Stop()
 	}
+	r.execW.Close()
 	r.mu.Lock()
 	for _, l := range r.listeners {
 		l.Close()

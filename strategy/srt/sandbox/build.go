@@ -173,8 +173,6 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 			b.add("--writable", w)
 		}
 	}
-	b.add("--")
-	b.add(cfg.Command...)
 	return &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}, nil
 }
 

@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/internal/execmsg"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
@@ -34,8 +33,10 @@ const ExitSetupFailed = 125
 // every protected bind landed where it should (protect.Verify), opens the
 // proxy listeners on the sandbox's loopback and hands them to the shim (so
 // no process of ours stays inside), gives the runtime its stderr, restricts
-// writes with Landlock, and execs the runtime. It returns only on failure,
-// after reporting it on FDExecError.
+// writes with Landlock, then waits for the runtime's command and
+// environment on FDExec (sent as soon as the sandbox is up for a cold start;
+// when a session claims it, for a warm one) and execs it. It returns only
+// on failure, after reporting it on FDExecError.
 func Exec(args []string) error {
 	fs := flag.NewFlagSet("sandbox-exec", flag.ContinueOnError)
 	var listen, writable multiFlag
@@ -44,9 +45,8 @@ func Exec(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return fail(ExitSetupFailed, -1, "sandbox setup: "+err.Error())
 	}
-	command := fs.Args()
-	if len(command) == 0 {
-		return fail(ExitSetupFailed, -1, "sandbox setup: no command")
+	if fs.NArg() > 0 {
+		return fail(ExitSetupFailed, -1, fmt.Sprintf("sandbox setup: sandbox-exec takes no command (it comes on fd %d), got %q", FDExec, fs.Args()))
 	}
 	checks, err := protect.ReadChecks(FDChecks)
 	if err == nil {
@@ -67,15 +67,16 @@ func Exec(args []string) error {
 			return fail(ExitSetupFailed, -1, "sandbox setup: landlock: "+err.Error())
 		}
 	}
+	m, err := execmsg.Receive(os.NewFile(FDExec, "exec"))
+	if errors.Is(err, execmsg.ErrNone) {
+		// The shim gave the sandbox up (a warm one discarded): no report.
+		os.Exit(ExitSetupFailed)
+	}
+	if err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: "+err.Error())
+	}
 	unix.CloseOnExec(FDExecError)
-	path, err := exec.LookPath(command[0])
-	if err == nil {
-		err = syscall.Exec(path, command, os.Environ())
-	}
-	code := 126
-	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT) {
-		code = 127
-	}
+	code, err := execmsg.Exec(m)
 	return fail(code, code, err.Error())
 }
 

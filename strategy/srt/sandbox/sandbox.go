@@ -25,7 +25,8 @@ const (
 	FDExecError = 8  // sandbox-exec writes "CODE message" here when it cannot exec the runtime
 	FDSeccomp   = 9  // the seccomp program, read by bwrap
 	FDChecks    = 10 // what sandbox-exec checks of the protected binds (protect.Verify)
-	firstBindFD = 11 // then one fd per directory bound from an fd
+	FDExec      = 11 // the runtime's command and environment (execmsg), once the session binds the sandbox
+	firstBindFD = 12 // then one fd per directory bound from an fd
 )
 
 // Proxy ports inside the sandbox, as sandbox-runtime has them.
@@ -87,8 +88,6 @@ type Config struct {
 	// namespaces and mounts); Landlock is not applied then, as it forbids
 	// mounts.
 	NestedSandbox bool
-	// Command is the runtime and its arguments.
-	Command []string
 	// Ledger is the daemon's record of running boundaries and their
 	// placeholders (see package protect).
 	Ledger string
@@ -119,6 +118,10 @@ func (b *Boundary) Close() {
 // Audit reports, once the sandbox is gone, the git hooks and config the run
 // wrote in repositories it created (see protect.Plan.Audit).
 func (b *Boundary) Audit() []protect.Finding { return b.plan.Audit() }
+
+// Stale reports whether the workspace and mounts now hold a repository the
+// boundary does not protect (see protect.Plan.Stale).
+func (b *Boundary) Stale() (bool, error) { return b.plan.Stale() }
 
 // Release ends the sandbox's run, once it is gone: the placeholders made for
 // absent protected names are removed when no other boundary of the daemon
