@@ -370,6 +370,7 @@ func (a *adminService) agentToProto(ag agent.Agent) *adminv1.Agent {
 		p.Login = &adminv1.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
 	}
 	p.Runtime, p.RuntimeArgs = ag.Runtime, ag.RuntimeArgs
+	p.Warm, p.WarmReady = uint32(ag.Warm), uint32(a.s.warmReady(ag.ID))
 	p.Offered, p.NotOffered = a.s.offered(ag)
 	return p
 }
@@ -394,6 +395,7 @@ func agentFromProto(p *adminv1.Agent) agent.Agent {
 		ag.Login = &agent.Login{Runtime: l.Runtime, File: l.File, Template: l.Template}
 	}
 	ag.Runtime, ag.RuntimeArgs = p.Runtime, p.RuntimeArgs
+	ag.Warm = int(p.Warm)
 	return ag
 }
 

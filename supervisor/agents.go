@@ -146,6 +146,9 @@ func (s *Supervisor) createAgent(ctx context.Context, a agent.Agent) (agent.Agen
 		return agent.Agent{}, err
 	}
 	s.agents[a.ID] = &a
+	if warmable(a) {
+		s.fillWarm(a.ID)
+	}
 	s.events.add(event{Type: "agent.created", Agent: a.Name, Message: "strategy " + string(a.Strategy)})
 	s.log.WithFields(map[string]any{"agent": a.Name, "strategy": a.Strategy}).Info("agent created")
 	return a, nil
@@ -228,21 +231,34 @@ func (s *Supervisor) updateAgent(ctx context.Context, name string, a agent.Agent
 			return agent.Agent{}, fmt.Errorf("agent %s: %w", a.Name, err)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := check(); err != nil {
+	if err := s.saveUpdate(old, &a, check); err != nil {
 		return agent.Agent{}, err
 	}
-	if err := s.store.EnsureWorkspace(&a); err != nil {
-		return agent.Agent{}, errdefs.InvalidArgument("%v", err)
+	// Its warm boundaries were built from what it was.
+	s.drainWarm(a.ID)
+	if warmable(a) {
+		s.fillWarm(a.ID)
 	}
-	if err := s.store.Save(&a); err != nil {
-		return agent.Agent{}, err
-	}
-	*old = a
 	s.events.add(event{Type: "agent.updated", Agent: a.Name})
 	s.log.WithField("agent", a.Name).Info("agent updated")
 	return a, nil
+}
+
+// saveUpdate checks and saves a, then makes it the agent *old is.
+func (s *Supervisor) saveUpdate(old, a *agent.Agent, check func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := check(); err != nil {
+		return err
+	}
+	if err := s.store.EnsureWorkspace(a); err != nil {
+		return errdefs.InvalidArgument("%v", err)
+	}
+	if err := s.store.Save(a); err != nil {
+		return err
+	}
+	*old = *a
+	return nil
 }
 
 // deleteAgent removes an agent and its sessions; it refuses while one runs
@@ -270,6 +286,7 @@ func (s *Supervisor) deleteAgent(name string) error {
 	}
 	delete(s.agents, a.ID)
 	s.mu.Unlock()
+	s.drainWarm(a.ID)
 
 	var errs []error
 	for _, ss := range owned {

@@ -135,6 +135,13 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 		log.WithError(err).Error("skipping a session whose session.json cannot be read")
 		return nil
 	}
+	if rec.Warm {
+		// A warm boundary of an earlier supervisor, never claimed: this one
+		// builds its own, from what a start now builds.
+		s.removeWarmLeftover(dir, rec)
+		log.Info("removed a warm boundary no session claimed")
+		return nil
+	}
 	ss := newSessionState(dir, rec)
 	log = log.WithField("agent", rec.Agent)
 	st, _ := dir.ReadStatus()

@@ -355,33 +355,60 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	if err != nil {
 		return view{}, err
 	}
-	id := agent.NewID()
-	dir := session.Dir(s.layout.SessionDir(id))
-	if err := os.Mkdir(string(dir), 0o700); err != nil {
-		return view{}, fmt.Errorf("create session: %w", err)
+	var warm *warmShim
+	if warmable(ag) {
+		warm = s.claimWarm(ag, spec)
+		defer s.fillWarm(ag.ID)
 	}
-	// The log exists from the start, so that followers can watch it.
-	if f, err := os.OpenFile(dir.OutputPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
-		f.Close()
-	}
-	rec := &session.Record{
-		ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
-		CreatedAt: time.Now().UTC(), Run: 1, Spec: spec,
-	}
-	ss := newSessionState(dir, rec)
-	ss.opMu.Lock()
-	defer ss.opMu.Unlock()
-	if err := s.startRun(ss, rec, private); err != nil {
-		os.RemoveAll(string(dir))
-		return view{}, err
+	var ss *sessionState
+	var rec *session.Record
+	if warm != nil {
+		// The session's own goes into the record the warm shim was built
+		// from; the shim reads it back at Start.
+		rec = warm.rec
+		rec.Warm, rec.CreatedAt = false, time.Now().UTC()
+		rec.Spec.Command, rec.Spec.CommandOverride, rec.Spec.Env = spec.Command, spec.CommandOverride, spec.Env
+		ss = newSessionState(warm.dir, rec)
+		ss.opMu.Lock()
+		defer ss.opMu.Unlock()
+		if err := warm.dir.WriteRecord(rec); err != nil {
+			s.discardWarm(warm)
+			return view{}, err
+		}
+		if err := s.runShim(ss, rec, warm.conn, warm.boot, private); err != nil {
+			s.removeRunLeftovers(rec)
+			os.RemoveAll(string(warm.dir))
+			return view{}, err
+		}
+	} else {
+		id := agent.NewID()
+		dir := session.Dir(s.layout.SessionDir(id))
+		if err := os.Mkdir(string(dir), 0o700); err != nil {
+			return view{}, fmt.Errorf("create session: %w", err)
+		}
+		// The log exists from the start, so that followers can watch it.
+		if f, err := os.OpenFile(dir.OutputPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			f.Close()
+		}
+		rec = &session.Record{
+			ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
+			CreatedAt: time.Now().UTC(), Run: 1, Spec: spec,
+		}
+		ss = newSessionState(dir, rec)
+		ss.opMu.Lock()
+		defer ss.opMu.Unlock()
+		if err := s.startRun(ss, rec, private); err != nil {
+			os.RemoveAll(string(dir))
+			return view{}, err
+		}
 	}
 	s.mu.Lock()
-	s.sessions[id] = ss
+	s.sessions[rec.ID] = ss
 	s.doneStartingLocked(ag.ID)
 	registered = true
 	s.mu.Unlock()
 	v := ss.view()
-	s.events.add(event{Type: "session.started", SessionID: id, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
+	s.events.add(event{Type: "session.started", SessionID: rec.ID, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
 	return v, nil
 }
 
@@ -389,12 +416,25 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 // (with private, the variables only the shim's memory holds). On an error
 // nothing of the run is left; a runtime that could not start leaves the
 // session exited with the reason.
-func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets) (retErr error) {
-	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
+func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets) error {
+	conn, boot, err := s.launchShim(ss.dir, rec)
+	if err != nil {
+		return err
+	}
+	if err := s.runShim(ss, rec, conn, boot, private); err != nil {
+		s.removeRunLeftovers(rec)
+		return err
+	}
+	return nil
+}
+
+// launchShim makes a run's cgroup (and places its VM), writes its record,
+// and starts and connects to its shim. On an error nothing of it is left.
+func (s *Supervisor) launchShim(dir session.Dir, rec *session.Record) (_ *shimConn, _ *session.Bootstrap, retErr error) {
 	if s.cgroups != nil {
 		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		rec.Spec.Cgroup = cg.Dirs
 		defer func() {
@@ -405,27 +445,35 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 	}
 	if rec.Spec.VM != nil {
 		if err := s.placeVM(rec); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	if err := ss.dir.WriteRecord(rec); err != nil {
-		return err
+	if err := dir.WriteRecord(rec); err != nil {
+		return nil, nil, err
 	}
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
-	boot, err := s.bootstrapShim(ss.dir, rec.Strategy, rec.Run, socket)
+	boot, err := s.bootstrapShim(dir, rec.Strategy, rec.Run, socket)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	conn, err := dialShim(s.ctx, boot, dialTimeout)
 	if err != nil {
 		s.stopShim(boot)
 		os.Remove(socket)
-		return err
+		return nil, nil, err
 	}
+	return conn, boot, nil
+}
+
+// runShim starts the runtime of a launched shim and follows it. An error
+// that is returned leaves the shim stopped and the run's leftovers for the
+// caller to remove; a runtime that could not start leaves the session
+// exited with the reason (nil error).
+func (s *Supervisor) runShim(ss *sessionState, rec *session.Record, conn *shimConn, boot *session.Bootstrap, private runSecrets) error {
+	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
 	if err := shimCanRun(conn.apiVersion, rec, private); err != nil {
 		conn.close()
 		s.stopShim(boot)
-		os.Remove(socket)
 		return errdefs.FailedPrecondition("session %s: the shim (pid %d) %v; install agentconnect and its shims together (make install)", rec.ID, boot.PID, err)
 	}
 	timeout := s.startTimeout()

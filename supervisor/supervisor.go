@@ -92,6 +92,8 @@ type Supervisor struct {
 	// starting counts, by agent id, the runs being started (a new
 	// session, or a resume): an agent is not removed while one is.
 	starting map[string]int
+
+	warm *warmPool // the agents' warm boundaries
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the
@@ -132,6 +134,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		agents:    map[string]*agent.Agent{},
 		sessions:  map[string]*sessionState{},
 		starting:  map[string]int{},
+		warm:      newWarmPool(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -280,6 +283,11 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx, guarded) }()
 	os.Remove(s.layout.StartupFailurePath())
+	for _, a := range s.listAgents() {
+		if warmable(a) {
+			s.fillWarm(a.ID)
+		}
+	}
 	s.events.add(event{Type: "daemon.started", Message: fmt.Sprintf("pid %d", os.Getpid())})
 	s.log.WithFields(logrus.Fields{"home": s.opts.Home, "socket": l.Addr().String(), "pid": os.Getpid()}).Info("daemon serving")
 	if s.opts.Ready != nil {
@@ -313,6 +321,7 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 // close releases what the supervisor holds; the sessions stay.
 func (s *Supervisor) close() {
 	s.cancel()
+	s.closeWarm()
 	s.mu.Lock()
 	for _, ss := range s.sessions {
 		ss.detach()

@@ -45,6 +45,7 @@ type agentFlags struct {
 	memoryMiB       int
 	diskGiB         int
 	pids            int
+	warm            int
 	asJSON          bool
 }
 
@@ -65,6 +66,7 @@ func (f *agentFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.memoryMiB, "memory-mib", 0, "memory in MiB: a cgroup limit for host and srt sessions, the VM size for microsandbox")
 	fs.IntVar(&f.diskGiB, "disk-gib", 0, "microsandbox: capacity of each writable VM disk in GiB")
 	fs.IntVar(&f.pids, "pids", 0, "the session's process limit (default 4096 where cgroups are available)")
+	fs.IntVar(&f.warm, "warm", 0, fmt.Sprintf("host, srt: keep N boundaries built ahead (0 to %d): a session claims one and binds its command, env and secrets then", agent.MaxWarm))
 	fs.BoolVar(&f.asJSON, "json", false, "print the agent as JSON")
 }
 
@@ -133,6 +135,12 @@ func (f *agentFlags) apply(fs *pflag.FlagSet, a *adminv1.Agent) error {
 	}
 	if changed("nested-sandbox") {
 		a.NestedSandbox = f.nestedSandbox
+	}
+	if changed("warm") {
+		if f.warm < 0 {
+			return fmt.Errorf("--warm %d: want 0 to %d", f.warm, agent.MaxWarm)
+		}
+		a.Warm = uint32(f.warm)
 	}
 	if a.Resources == nil {
 		a.Resources = &adminv1.Resources{}
@@ -282,10 +290,13 @@ func readAgentFile(path string) (*adminv1.Agent, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("--from-file %s: %w", path, err)
 	}
+	if v.Warm < 0 || v.Warm > agent.MaxWarm {
+		return nil, fmt.Errorf("--from-file %s: warm %d: want 0 to %d", path, v.Warm, agent.MaxWarm)
+	}
 	a := &adminv1.Agent{
 		Name: v.Name, Strategy: v.Strategy, Command: v.Command, Runtime: v.Runtime, RuntimeArgs: v.RuntimeArgs, Env: v.Env, Workspace: v.Workspace,
 		SharedWorkspace: v.SharedWorkspace, AllowedDomains: v.AllowedDomains, DeniedDomains: v.DeniedDomains,
-		NestedSandbox: v.NestedSandbox,
+		NestedSandbox: v.NestedSandbox, Warm: uint32(v.Warm),
 		Resources: &adminv1.Resources{Cpus: uint32(v.Resources.CPUs), MemoryMib: uint32(v.Resources.MemoryMiB),
 			DiskGib: uint32(v.Resources.DiskGiB), Pids: uint32(v.Resources.Pids)},
 	}
@@ -412,6 +423,9 @@ func printAgent(w io.Writer, a *adminv1.Agent) {
 	}
 	if a.NestedSandbox {
 		fmt.Fprintln(w, "nested sandbox: on")
+	}
+	if a.Warm > 0 {
+		fmt.Fprintf(w, "warm:       %d boundaries built ahead, %d ready\n", a.Warm, a.WarmReady)
 	}
 	if r := a.Resources; r != nil && (r.Cpus|r.MemoryMib|r.DiskGib|r.Pids) != 0 {
 		fmt.Fprintf(w, "resources:  cpus %d, memory %d MiB, disk %d GiB, pids %d\n", r.Cpus, r.MemoryMib, r.DiskGib, r.Pids)

@@ -82,8 +82,11 @@ type agentJSON struct {
 	DeniedDomains   []string      `json:"deniedDomains"`
 	NestedSandbox   bool          `json:"nestedSandbox"`
 	Resources       resourcesJSON `json:"resources"`
-	CreatedAt       string        `json:"createdAt"`
-	Dir             string        `json:"dir"`
+	Warm            int           `json:"warm"`
+	// WarmReady is set by the daemon: how many warm boundaries are ready.
+	WarmReady int    `json:"warmReady"`
+	CreatedAt string `json:"createdAt"`
+	Dir       string `json:"dir"`
 }
 
 type loginJSON struct {
@@ -222,7 +225,7 @@ func agentView(a *adminv1.Agent) agentJSON {
 		ID: a.Id, Name: a.Name, Strategy: a.Strategy, Offered: a.Offered, NotOffered: a.NotOffered,
 		Command: list(a.Command), Runtime: a.Runtime, RuntimeArgs: list(a.RuntimeArgs), Env: list(a.Env), Workspace: a.Workspace, SharedWorkspace: a.SharedWorkspace,
 		Mounts: []mountJSON{}, AllowedDomains: list(a.AllowedDomains), DeniedDomains: list(a.DeniedDomains),
-		NestedSandbox: a.NestedSandbox, CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{}, AllowCredentials: list(a.AllowCredentials),
+		NestedSandbox: a.NestedSandbox, Warm: int(a.Warm), WarmReady: int(a.WarmReady), CreatedAt: timeString(a.CreatedAt), Dir: a.Dir, Secrets: []bindingJSON{}, AllowCredentials: list(a.AllowCredentials),
 	}
 	for _, b := range a.Secrets {
 		v.Secrets = append(v.Secrets, bindingJSON{Env: b.Env, Secret: b.Secret})

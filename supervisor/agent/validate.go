@@ -116,6 +116,9 @@ func Validate(a *Agent, daemonHome, agentDir string) error {
 			list[i] = clean
 		}
 	}
+	if err := validateWarm(a); err != nil {
+		return err
+	}
 	return validateResources(a.Name, a.Resources)
 }
 
@@ -402,6 +405,22 @@ func ValidateDomain(d string) (string, error) {
 		}
 	}
 	return entry, nil
+}
+
+// MaxWarm bounds an agent's warm boundaries: each is a shim (and for srt
+// a sandbox) kept alive.
+const MaxWarm = 16
+
+// validateWarm checks the warm boundaries a asks for: host and srt build
+// them.
+func validateWarm(a *Agent) error {
+	switch {
+	case a.Warm < 0 || a.Warm > MaxWarm:
+		return errdefs.InvalidArgument("agent %s: warm %d: want 0 to %d", a.Name, a.Warm, MaxWarm)
+	case a.Warm > 0 && a.Strategy == strategy.Microsandbox:
+		return errdefs.InvalidArgument("agent %s: --warm: warm boundaries are built for host and srt sessions; a microsandbox agent starts each VM when its session starts (use --warm 0)", a.Name)
+	}
+	return nil
 }
 
 func validateResources(name string, r Resources) error {

@@ -552,8 +552,13 @@ type Agent struct {
 	Login *Login `protobuf:"bytes,19,opt,name=login,proto3" json:"login,omitempty"`
 	// A known ACP runtime (runtime ls) run from the daemon's runtime cache
 	// instead of command, with runtime_args after its own arguments.
-	Runtime       string   `protobuf:"bytes,20,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	RuntimeArgs   []string `protobuf:"bytes,21,rep,name=runtime_args,json=runtimeArgs,proto3" json:"runtime_args,omitempty"`
+	Runtime     string   `protobuf:"bytes,20,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	RuntimeArgs []string `protobuf:"bytes,21,rep,name=runtime_args,json=runtimeArgs,proto3" json:"runtime_args,omitempty"`
+	// Boundaries (host, srt) kept built ahead for the agent's sessions: a
+	// session claims one and binds its command, env and secrets then.
+	Warm uint32 `protobuf:"varint,22,opt,name=warm,proto3" json:"warm,omitempty"`
+	// Set by the daemon: how many of them are ready now.
+	WarmReady     uint32 `protobuf:"varint,23,opt,name=warm_ready,json=warmReady,proto3" json:"warm_ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +738,20 @@ func (x *Agent) GetRuntimeArgs() []string {
 		return x.RuntimeArgs
 	}
 	return nil
+}
+
+func (x *Agent) GetWarm() uint32 {
+	if x != nil {
+		return x.Warm
+	}
+	return 0
+}
+
+func (x *Agent) GetWarmReady() uint32 {
+	if x != nil {
+		return x.WarmReady
+	}
+	return 0
 }
 
 // Login is a runtime's credentials file: file relative to the agent's home,
@@ -3488,7 +3507,7 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\rR\tmemoryMib\x12\x19\n" +
 	"\bdisk_gib\x18\x03 \x01(\rR\adiskGib\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\rR\x04pids\"\x8f\x06\n" +
+	"\x04pids\x18\x04 \x01(\rR\x04pids\"\xc2\x06\n" +
 	"\x05Agent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -3513,7 +3532,10 @@ const file_api_admin_v1_admin_proto_rawDesc = "" +
 	"\x11allow_credentials\x18\x12 \x03(\tR\x10allowCredentials\x122\n" +
 	"\x05login\x18\x13 \x01(\v2\x1c.agentconnect.admin.v1.LoginR\x05login\x12\x18\n" +
 	"\aruntime\x18\x14 \x01(\tR\aruntime\x12!\n" +
-	"\fruntime_args\x18\x15 \x03(\tR\vruntimeArgs\"Q\n" +
+	"\fruntime_args\x18\x15 \x03(\tR\vruntimeArgs\x12\x12\n" +
+	"\x04warm\x18\x16 \x01(\rR\x04warm\x12\x1d\n" +
+	"\n" +
+	"warm_ready\x18\x17 \x01(\rR\twarmReady\"Q\n" +
 	"\x05Login\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x1a\n" +

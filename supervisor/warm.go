@@ -1,0 +1,257 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
+)
+
+// warmPool holds each agent's warm boundaries (agent.Warm): shims whose run
+// is prepared up to the runtime's exec from the agent's spec (for srt, the
+// sandbox built, sandbox-exec waiting), in session directories no session
+// owns yet (session.Record.Warm). A session of the agent claims one: the
+// supervisor writes the session's own command and env into its record and
+// starts it with the run's secrets, which the shim binds then; the pool
+// refills in the background. A claimed shim is the session's, never used
+// again. A warm shim built from a spec other than what a start now builds
+// (the agent, the config, a runtime or the host user changed) is discarded,
+// never claimed; a restart discards them all (recovery).
+type warmPool struct {
+	mu      sync.Mutex
+	ready   map[string][]*warmShim // by agent id
+	filling map[string]bool        // by agent id: a filler runs
+	gen     map[string]uint64      // by agent id: bumped when its warm shims are drained
+	fillers sync.WaitGroup
+}
+
+// warmShim is one prepared shim, connected.
+type warmShim struct {
+	rec  *session.Record
+	dir  session.Dir
+	conn *shimConn
+	boot *session.Bootstrap
+}
+
+func newWarmPool() *warmPool {
+	return &warmPool{ready: map[string][]*warmShim{}, filling: map[string]bool{}, gen: map[string]uint64{}}
+}
+
+// fillWarm tops the agent's warm shims up to its Warm, one at a time, in
+// the background. A build that fails is logged and ends the filling: the
+// agent's sessions start cold, and the next start tries again.
+func (s *Supervisor) fillWarm(agentID string) {
+	p := s.warm
+	p.mu.Lock()
+	if p.filling[agentID] || s.ctx.Err() != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.filling[agentID] = true
+	p.fillers.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.fillers.Done()
+		for {
+			s.mu.Lock()
+			var ag agent.Agent
+			a := s.agents[agentID]
+			if a != nil {
+				ag = *a
+			}
+			s.mu.Unlock()
+			// The decision to stop and the end of filling are one step, so
+			// that a claim meanwhile either sees the filler run or starts
+			// another.
+			p.mu.Lock()
+			if a == nil || !warmable(ag) || len(p.ready[agentID]) >= ag.Warm || s.ctx.Err() != nil {
+				delete(p.filling, agentID)
+				p.mu.Unlock()
+				return
+			}
+			// A drain meanwhile (the agent changed) makes what is built
+			// now stale: it is discarded, and the next one is built from
+			// the agent as it is then.
+			gen := p.gen[agentID]
+			p.mu.Unlock()
+			w, err := s.buildWarm(ag)
+			if err != nil {
+				s.log.WithError(err).WithField("agent", ag.Name).Warn("build a warm boundary; the agent's sessions start cold until the next start tries again")
+				p.mu.Lock()
+				delete(p.filling, agentID)
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Lock()
+			if p.gen[agentID] != gen || s.ctx.Err() != nil {
+				p.mu.Unlock()
+				s.discardWarm(w)
+				continue
+			}
+			p.ready[agentID] = append(p.ready[agentID], w)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// warmable reports whether a's sessions can have warm boundaries.
+func warmable(a agent.Agent) bool {
+	return a.Warm > 0 && (a.Strategy == strategy.Host || a.Strategy == strategy.SRT)
+}
+
+// buildWarm starts one warm shim of ag and waits until its run is prepared.
+func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
+	spec, _, err := s.buildSpec(ag, nil) // the secrets' values come with a claim
+	if err != nil {
+		return nil, err
+	}
+	id := agent.NewID()
+	dir := session.Dir(s.layout.SessionDir(id))
+	if err := os.Mkdir(string(dir), 0o700); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(string(dir))
+		}
+	}()
+	if f, err := os.OpenFile(dir.OutputPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		f.Close()
+	}
+	rec := &session.Record{
+		ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
+		CreatedAt: time.Now().UTC(), Run: 1, Spec: spec, Warm: true,
+	}
+	conn, boot, err := s.launchShim(dir, rec)
+	if err != nil {
+		return nil, err
+	}
+	s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": id, "shim": boot.PID}).Info("warm boundary ready")
+	return &warmShim{rec: rec, dir: dir, conn: conn, boot: boot}, nil
+}
+
+// claimWarm takes one of ag's warm shims for a session whose spec is spec,
+// or returns nil: none is ready, or they were built from another spec (then
+// all of ag's go, and the pool refills from the new one).
+func (s *Supervisor) claimWarm(ag agent.Agent, spec session.Spec) *warmShim {
+	p := s.warm
+	p.mu.Lock()
+	list := p.ready[ag.ID]
+	if len(list) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	w := list[0]
+	p.ready[ag.ID] = list[1:]
+	p.mu.Unlock()
+	log := s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": w.rec.ID})
+	switch {
+	case !sameBoundary(w.rec.Spec, spec):
+		log.Info("warm boundaries built from an earlier spec of the agent: discarded")
+		s.discardWarm(w)
+		s.drainWarm(ag.ID)
+		return nil
+	case !procstat.Alive(w.boot.PID, w.boot.StartTime):
+		log.Warn("warm boundary's shim is gone: discarded")
+		s.discardWarm(w)
+		return nil
+	}
+	return w
+}
+
+// sameBoundary reports whether a run prepared from a is what a start now
+// builds from b, but for what a claim binds (command, env) and the cgroup
+// the run was given.
+func sameBoundary(a, b session.Spec) bool {
+	for _, sp := range []*session.Spec{&a, &b} {
+		sp.Command, sp.CommandOverride, sp.Env, sp.Cgroup = nil, false, nil, nil
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// warmReady is how many of the agent's warm shims are ready.
+func (s *Supervisor) warmReady(agentID string) int {
+	s.warm.mu.Lock()
+	defer s.warm.mu.Unlock()
+	return len(s.warm.ready[agentID])
+}
+
+// drainWarm discards the agent's warm shims, and those being built.
+func (s *Supervisor) drainWarm(agentID string) {
+	p := s.warm
+	p.mu.Lock()
+	p.gen[agentID]++
+	list := p.ready[agentID]
+	delete(p.ready, agentID)
+	p.mu.Unlock()
+	s.discardAll(list)
+}
+
+// closeWarm discards every warm shim once the supervisor stops: the next
+// one builds its own (recovery discards what a killed one left).
+func (s *Supervisor) closeWarm() {
+	p := s.warm
+	p.fillers.Wait() // s.ctx is done: they stop after their current build
+	p.mu.Lock()
+	var all []*warmShim
+	for id, list := range p.ready {
+		all = append(all, list...)
+		delete(p.ready, id)
+	}
+	p.mu.Unlock()
+	s.discardAll(all)
+}
+
+func (s *Supervisor) discardAll(list []*warmShim) {
+	var wg sync.WaitGroup
+	for _, w := range list {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.discardWarm(w)
+		}()
+	}
+	wg.Wait()
+}
+
+// discardWarm ends a warm shim no session claimed: the shim discards its
+// prepared run and exits (killed if it does not), and its directory,
+// cgroup and socket go.
+func (s *Supervisor) discardWarm(w *warmShim) {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	_, err := w.conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+	cancel()
+	w.conn.close()
+	if err != nil || !waitGone(w.boot.PID, w.boot.StartTime, shimExitTimeout) {
+		s.stopShim(w.boot)
+	}
+	s.removeRunLeftovers(w.rec)
+	os.RemoveAll(string(w.dir))
+}
+
+// removeWarmLeftover removes what a warm shim of an earlier supervisor
+// left: the shim, its run's leftovers and its directory (recovery).
+func (s *Supervisor) removeWarmLeftover(dir session.Dir, rec *session.Record) {
+	if boot, _ := dir.ReadBootstrap(); boot != nil && boot.Run == rec.Run {
+		if conn, err := dialShim(s.ctx, boot, adoptTimeout); err == nil {
+			ctx, cancel := context.WithTimeout(s.ctx, adoptTimeout)
+			conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+			cancel()
+			conn.close()
+		}
+		if !waitGone(boot.PID, boot.StartTime, shimExitTimeout) {
+			s.stopShim(boot)
+		}
+	}
+	s.removeRunLeftovers(rec)
+	os.RemoveAll(string(dir))
+}
