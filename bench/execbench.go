@@ -49,7 +49,7 @@ func benchExec(ctx context.Context, d *daemon, c counts, rep *report) error {
 	n := fmt.Sprintf("median of %d", len(execT))
 	rep.add(m, "agentconnect exec", execT.median(), "ms", 0, n+"; containerd `ctr run --rm`: 260 ms")
 	rep.add(m, "bare fork+exec (Go)", bareT.median(), "ms", 0, n)
-	rep.add(m, "ratio exec / bare", execT.median()/bareT.median(), "x", 0, "")
+	rep.add(m, "ratio exec / bare", execT.median()/bareT.median(), "x", 6, "")
 	rep.add(m, "agentconnect status", statusT.median(), "ms", 0, n+"; one CLI process + one admin call")
 	rep.add(m, "agentconnect exec p99", execT.percentile(99), "ms", 0, "")
 	rep.add(m, "admin API start+wait+rm", apiT.median(), "ms", 0, n+"; what exec asks of the daemon, without the CLI")

@@ -34,7 +34,7 @@ func benchStartLatency(ctx context.Context, d *daemon, c counts, rep *report) er
 	}
 	const m = "start -> first output byte (host, admin API)"
 	ref := fmt.Sprintf("n=%d after %d warm-up starts; /bin/echo x", len(lat), startWarmup)
-	rep.add(m, "p50", lat.percentile(50), "ms", 15, ref)
+	rep.add(m, "p50", lat.percentile(50), "ms", 10, ref)
 	rep.add(m, "p99", lat.percentile(99), "ms", 0, "")
 	rep.add(m, "min", lat.min(), "ms", 0, "")
 	rep.add(m, "max", lat.max(), "ms", 0, "")
