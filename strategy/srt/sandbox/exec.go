@@ -67,7 +67,9 @@ func Exec(args []string) error {
 			return fail(ExitSetupFailed, -1, "sandbox setup: landlock: "+err.Error())
 		}
 	}
-	m, err := execmsg.Receive(os.NewFile(FDExec, "exec"))
+	execFile := os.NewFile(FDExec, "exec")
+	m, err := execmsg.Receive(execFile)
+	execFile.Close() // the runtime inherits no fd of ours
 	if errors.Is(err, execmsg.ErrNone) {
 		// The shim gave the sandbox up (a warm one discarded): no report.
 		os.Exit(ExitSetupFailed)
