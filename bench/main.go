@@ -126,7 +126,7 @@ func scaled() counts {
 		Execs:           div(50, 5),
 		SrtExecs:        div(30, 5),
 		SrtSessions:     div(10, 2),
-		SrtConcurrent:   div(100, 10),
+		SrtConcurrent:   div(500, 10),
 		VMStarts:        div(10, 3),
 		VMMemoryMiB:     []int{512, 1024, 2048},
 	}

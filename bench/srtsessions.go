@@ -207,7 +207,7 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		problems = append(problems, "stop: "+leftovers.Brief(failed, 3))
 	}
 	var states map[string]int
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		list, err = a.ListSessions(ctx, &adminv1.ListSessionsRequest{Agent: srtAgent})
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,7 +113,11 @@ func (c *chaos) setUp() error {
 	}
 	for _, strategy := range c.strategies() {
 		name := agentOf[strategy]
-		if r := c.cli(30*time.Second, "agent", "create", name, "--strategy", strategy, "--", "true"); r.code != 0 {
+		args := []string{"agent", "create", name, "--strategy", strategy}
+		if strategy != "microsandbox" {
+			args = append(args, "--warm", strconv.Itoa(*flagWarm))
+		}
+		if r := c.cli(30*time.Second, append(args, "--", "true")...); r.code != 0 {
 			return fmt.Errorf("agent create %s: exit %d: %s", name, r.code, strings.TrimSpace(r.stderr))
 		}
 	}

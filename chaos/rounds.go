@@ -18,6 +18,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
 )
 
@@ -422,7 +423,7 @@ func (c *chaos) leftProcesses(keep []*job, grace time.Duration) string {
 		procs := leftovers.ReadProcs()
 		children := leftovers.ChildrenOf(procs)
 		kept := map[int]bool{}
-		for _, pid := range skip {
+		for _, pid := range append(skip, c.warmShims()...) {
 			kept[pid] = true
 			for _, d := range leftovers.Descendants(children, pid) {
 				kept[d] = true
@@ -441,6 +442,24 @@ func (c *chaos) leftProcesses(keep []*job, grace time.Duration) string {
 		return fmt.Sprintf("processes left %v after their sessions were removed: %s", grace, leftovers.Brief(left, 4))
 	}
 	return ""
+}
+
+// warmShims are the live shims of the home's warm boundaries (session
+// directories whose record is warm): the daemon's, not a session's.
+func (c *chaos) warmShims() []int {
+	layout := home.Layout{Root: c.home}
+	entries, _ := os.ReadDir(layout.SessionsDir())
+	var pids []int
+	for _, e := range entries {
+		dir := session.Dir(layout.SessionDir(e.Name()))
+		if rec, err := dir.ReadRecord(); err != nil || !rec.Warm {
+			continue
+		}
+		if boot, _ := dir.ReadBootstrap(); boot != nil && procstat.Alive(boot.PID, boot.StartTime) {
+			pids = append(pids, boot.PID)
+		}
+	}
+	return pids
 }
 
 // checkStateFiles parses every JSON file of the daemon's own under the
@@ -545,6 +564,18 @@ func (c *chaos) finish() string {
 		if r := c.retry("session", "rm", j.id); r.code != 0 {
 			return fmt.Sprintf("session rm %s: exit %d: %s", j, r.code, strings.TrimSpace(r.stderr))
 		}
+	}
+	// The warm boundaries go with their agents' setting.
+	for _, strategy := range []string{"host", "srt"} {
+		if r := c.retry("agent", "edit", agentOf[strategy], "--warm", "0"); r.code != 0 {
+			return fmt.Sprintf("agent edit %s --warm 0: exit %d: %s", agentOf[strategy], r.code, strings.TrimSpace(r.stderr))
+		}
+	}
+	if w := c.warmShims(); len(w) > 0 {
+		return fmt.Sprintf("warm boundaries left after --warm 0: shims %v", w)
+	}
+	if left := c.leftProcesses(nil, 10*time.Second); left != "" {
+		return left
 	}
 	// No boundary runs any more: every placeholder is gone.
 	return c.agentLeftovers(false)
