@@ -39,9 +39,9 @@ BUILDX="github.com/docker/buildx v0.38.2 ./cmd/buildx github.com/docker/buildx/v
 COMPOSE="github.com/docker/compose/v2 v2.40.3 ./cmd github.com/docker/compose/v2/internal.Version"
 # Modules the guest loads (the initramfs holds them and their dependencies):
 # virtio over PCI (q35) and MMIO (microvm), disks, the agent's serial port,
-# network, vsock, virtiofs, overlay for a writable layer on the root, and
-# the host's entropy.
-MODULES="virtio_pci virtio_mmio virtio_blk virtio_console virtio_net virtio_rng vsock vmw_vsock_virtio_transport fuse virtiofs overlay"
+# network, vsock, virtiofs, overlay for a writable layer on the root, the
+# host's entropy, and the balloon that gives free guest memory back.
+MODULES="virtio_pci virtio_mmio virtio_blk virtio_console virtio_net virtio_rng virtio_balloon vsock vmw_vsock_virtio_transport fuse virtiofs overlay"
 
 say() { echo "build-image: $*" >&2; }
 die() { say "$*"; exit 1; }

@@ -25,7 +25,7 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mo
 	settings := s.cfg.VM
 	vm := &session.VM{
 		CPUs: settings.CPUs, MemoryMiB: settings.MemoryMiB, DiskGiB: settings.DiskGiB,
-		Accelerator: settings.Accelerator, Transport: settings.Transport,
+		Accelerator: settings.Accelerator, Transport: settings.Transport, TCGCacheMiB: settings.TCGCacheMiB,
 		Hidden: append([]string{s.opts.Home}, homesToHide()...),
 	}
 	if a.Resources.CPUs > 0 {

@@ -24,9 +24,11 @@ var (
 	// vsockModules replace virtio_console when the transport is vsock.
 	vsockModules = []string{"virtio_pci", "virtio_mmio", "vsock", "vmw_vsock_virtio_transport"}
 	// setupModules are loaded while the agent already serves: Setup waits
-	// for them (disks, the NIC, virtiofs, overlayfs, an entropy source).
+	// for them (disks, the NIC, virtiofs, overlayfs, an entropy source, and
+	// the balloon, which reports free pages so that the host takes them
+	// back).
 	setupModules = []string{
-		"virtio_blk", "virtio_net", "virtio_rng",
+		"virtio_blk", "virtio_net", "virtio_rng", "virtio_balloon",
 		"virtio_console", "vsock", "vmw_vsock_virtio_transport",
 		"fuse", "virtiofs", "overlay",
 	}

@@ -39,7 +39,7 @@ func TestModuleLoadOrder(t *testing.T) {
 	want := []string{
 		"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
 		"virtio_mmio", "virtio_console", "virtio_blk",
-		"failover", "net_failover", "virtio_net", "virtio_rng",
+		"failover", "net_failover", "virtio_net", "virtio_rng", "virtio_balloon",
 		"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
 		"fuse", "virtiofs", "overlay",
 	}

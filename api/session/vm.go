@@ -26,15 +26,18 @@ type VMShare struct {
 // VM is a microsandbox session's VM, as the supervisor chose it: its image,
 // size, shares and where its files are.
 type VM struct {
-	Kernel      string    `json:"kernel"`
-	Initrd      string    `json:"initrd"`
-	Rootfs      string    `json:"rootfs"`
-	ImageDigest string    `json:"imageDigest"`
-	CPUs        int       `json:"cpus"`
-	MemoryMiB   int       `json:"memoryMiB"`
-	DiskGiB     int       `json:"diskGiB"`
-	Accelerator string    `json:"accelerator"` // kvm or tcg
-	Transport   string    `json:"transport"`   // vsock or serial
+	Kernel      string `json:"kernel"`
+	Initrd      string `json:"initrd"`
+	Rootfs      string `json:"rootfs"`
+	ImageDigest string `json:"imageDigest"`
+	CPUs        int    `json:"cpus"`
+	MemoryMiB   int    `json:"memoryMiB"`
+	DiskGiB     int    `json:"diskGiB"`
+	Accelerator string `json:"accelerator"` // kvm or tcg
+	Transport   string `json:"transport"`   // vsock or serial
+	// TCGCacheMiB bounds QEMU's translation cache under tcg (tb-size); 0:
+	// QEMU's default. Not part of the identity: the guest does not see it.
+	TCGCacheMiB int       `json:"tcgCacheMiB,omitempty"`
 	Shares      []VMShare `json:"shares"`
 	// Dir holds the VM's disks; it is the VM's identity directory.
 	Dir string `json:"dir"`

@@ -27,6 +27,9 @@ type VM struct {
 	Image       string `json:"image"`       // empty: the default image
 	Accelerator string `json:"accelerator"` // kvm or tcg
 	Transport   string `json:"transport"`   // vsock or serial
+	// TCGCacheMiB bounds QEMU's translation cache per VM under tcg; 0:
+	// QEMU's default (up to 1 GiB, resident as code is translated).
+	TCGCacheMiB int `json:"tcgCacheMiB"`
 	// Resolver is the DNS server ("IP:port") the VMs' network asks for
 	// the guests' names; empty: the system's resolver.
 	Resolver string `json:"resolver"`
@@ -298,6 +301,8 @@ func (p *parser) microsandbox(v any) {
 				vm.Accelerator = p.oneOf(name, v[key], "kvm", "tcg")
 			case "transport":
 				vm.Transport = p.oneOf(name, v[key], "vsock", "serial")
+			case "tcgCacheMiB":
+				vm.TCGCacheMiB = p.integer(name, v[key], 16, 4096)
 			case "resolver":
 				vm.Resolver = p.resolver(name, v[key])
 			default:

@@ -44,9 +44,9 @@ func TestParseRules(t *testing.T) {
 		},
 		{
 			name: "microsandbox object offers it with settings",
-			json: `{"sandbox": {"microsandbox": {"cpus": 4, "memoryMiB": 4096, "diskGiB": 20, "image": "registry.example.com/x:y", "accelerator": "tcg", "transport": "serial", "resolver": "127.0.0.1:5353"}}}`,
+			json: `{"sandbox": {"microsandbox": {"cpus": 4, "memoryMiB": 4096, "diskGiB": 20, "image": "registry.example.com/x:y", "accelerator": "tcg", "transport": "serial", "tcgCacheMiB": 64, "resolver": "127.0.0.1:5353"}}}`,
 			host: true, srt: true, ms: true,
-			vm: VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial", Resolver: "127.0.0.1:5353"},
+			vm: VM{CPUs: 4, MemoryMiB: 4096, DiskGiB: 20, Image: "registry.example.com/x:y", Accelerator: "tcg", Transport: "serial", TCGCacheMiB: 64, Resolver: "127.0.0.1:5353"},
 		},
 		{
 			name: "partial microsandbox object keeps other defaults", json: `{"sandbox": {"microsandbox": {"memoryMiB": 512}}}`,
@@ -82,6 +82,7 @@ func TestParseRules(t *testing.T) {
 		{name: "host user wrong type", json: `{"sandbox": {"host": {"user": 1000}}}`, wantErr: `sandbox.host.user: want a string, got 1000`},
 		{name: "srt object offers it", json: `{"sandbox": {"srt": {"resolver": "127.0.0.1:5353"}}}`, host: true, srt: true, ms: true, vm: DefaultVM},
 		{name: "srt bad resolver", json: `{"sandbox": {"srt": {"resolver": "dns.example"}}}`, wantErr: "sandbox.srt.resolver: want an IP address and port"},
+		{name: "tcg cache too small", json: `{"sandbox": {"microsandbox": {"tcgCacheMiB": 8}}}`, wantErr: "sandbox.microsandbox.tcgCacheMiB"},
 		{name: "srt wrong type", json: `{"sandbox": {"srt": 1}}`, wantErr: "sandbox.srt: want true, false or an object"},
 		{name: "microsandbox wrong type", json: `{"sandbox": {"microsandbox": 1}}`, wantErr: "sandbox.microsandbox: want true, false or an object"},
 		{name: "memory not a number", json: `{"sandbox": {"microsandbox": {"memoryMiB": "2G"}}}`, wantErr: "sandbox.microsandbox.memoryMiB: want a whole number"},

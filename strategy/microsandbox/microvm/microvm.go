@@ -49,7 +49,11 @@ func (c Config) MachineArgs() []string {
 	// TCG's default model (qemu64) lacks SSE3 and AVX, which prebuilt
 	// runtimes need (opencode's binary dies of SIGILL on it): "max" is
 	// every feature TCG emulates.
-	return append(args, "-accel", "tcg", "-cpu", "max")
+	accel := "tcg"
+	if c.TCGCacheMiB > 0 {
+		accel += ",tb-size=" + strconv.Itoa(c.TCGCacheMiB)
+	}
+	return append(args, "-accel", accel, "-cpu", "max")
 }
 
 // QEMUArgs is the QEMU command line for c, after the binary's name.
@@ -63,6 +67,9 @@ func (c Config) QEMUArgs() []string {
 	)
 	// Entropy from the host, so that nothing in the guest blocks for it.
 	args = append(args, "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0")
+	// The guest reports the pages it frees, and QEMU gives them back to the
+	// host: an idle VM costs what it uses, not what it once touched.
+	args = append(args, "-device", "virtio-balloon-pci,free-page-reporting=on")
 	for _, d := range []struct {
 		name, file string
 		readonly   bool
