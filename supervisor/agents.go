@@ -286,7 +286,10 @@ func (s *Supervisor) deleteAgent(name string) error {
 	}
 	delete(s.agents, a.ID)
 	s.mu.Unlock()
+	// Its warm boundaries go, and a build in flight ends before the
+	// agent's directory does (it would make the directories again).
 	s.drainWarm(a.ID)
+	s.waitFilled(a.ID)
 
 	var errs []error
 	for _, ss := range owned {

@@ -185,6 +185,20 @@ func (s *Supervisor) warmReady(agentID string) int {
 	return len(s.warm.ready[agentID])
 }
 
+// waitFilled waits until no filler runs for the agent (one that finds the
+// agent gone stops after the build in flight).
+func (s *Supervisor) waitFilled(agentID string) {
+	for {
+		s.warm.mu.Lock()
+		filling := s.warm.filling[agentID]
+		s.warm.mu.Unlock()
+		if !filling {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // drainWarm discards the agent's warm shims, and those being built.
 func (s *Supervisor) drainWarm(agentID string) {
 	p := s.warm
