@@ -116,7 +116,7 @@ func run() int {
 // totals sums what the rounds did, for the last line.
 func (c *chaos) totals() string {
 	var parts []string
-	for _, k := range []string{"sessions", "supervisor SIGKILLs", "shims killed", "runtimes killed", "stops racing starts", "starts refused on a full disk", "starts whose answer a SIGKILL took"} {
+	for _, k := range []string{"sessions", "sessions on a warm boundary", "supervisor SIGKILLs", "shims killed", "runtimes killed", "stops racing starts", "starts refused on a full disk", "starts whose answer a SIGKILL took"} {
 		if n := c.count[k]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, k))
 		}

@@ -318,6 +318,9 @@ func (c *chaos) check(p *plan) string {
 		if left := c.waitRunGone(j.id); left != "" {
 			return fmt.Sprintf("%s ended, and its run left %s", j, left)
 		}
+		if log, _ := os.ReadFile(filepath.Join(home.Layout{Root: c.home}.SessionDir(j.id), "shim.log")); strings.Contains(string(log), "warm boundary claimed") {
+			c.add("sessions on a warm boundary", 1)
+		}
 		ids = append(ids, j.id)
 	}
 	for _, id := range ids {
