@@ -156,9 +156,11 @@ func (s *Supervisor) claimWarm(ag agent.Agent, spec session.Spec) *warmShim {
 	log := s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": w.rec.ID})
 	switch {
 	case !sameBoundary(w.rec.Spec, spec):
+		// The session starts cold meanwhile: the discards are not its
+		// to wait for.
 		log.Info("warm boundaries built from an earlier spec of the agent: discarded")
-		s.discardWarm(w)
-		s.drainWarm(ag.ID)
+		rest := s.takeWarm(ag.ID)
+		go s.discardAll(append(rest, w))
 		return nil
 	case !procstat.Alive(w.boot.PID, w.boot.StartTime):
 		log.Warn("warm boundary's shim is gone: discarded")
@@ -201,13 +203,19 @@ func (s *Supervisor) waitFilled(agentID string) {
 
 // drainWarm discards the agent's warm shims, and those being built.
 func (s *Supervisor) drainWarm(agentID string) {
+	s.discardAll(s.takeWarm(agentID))
+}
+
+// takeWarm takes the agent's warm shims out of the pool and makes those
+// being built stale.
+func (s *Supervisor) takeWarm(agentID string) []*warmShim {
 	p := s.warm
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.gen[agentID]++
 	list := p.ready[agentID]
 	delete(p.ready, agentID)
-	p.mu.Unlock()
-	s.discardAll(list)
+	return list
 }
 
 // closeWarm discards every warm shim once the supervisor stops: the next
