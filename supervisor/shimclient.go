@@ -23,9 +23,12 @@ import (
 const (
 	// bootstrapTimeout bounds `agentconnect-shim start`.
 	bootstrapTimeout = 15 * time.Second
-	// dialTimeout bounds connecting to a shim and the handshake: a dead
-	// socket must cost milliseconds, not the 100 s containerd once paid.
-	dialTimeout = 2 * time.Second
+	// dialTimeout bounds connecting to a shim and the handshake. A dead
+	// socket fails at once (no listener: ECONNREFUSED), never the 100 s
+	// containerd once paid; a live shim that was just started among
+	// hundreds (500 srt sessions at once on 2 cores) took over 2 s to
+	// answer its handshake.
+	dialTimeout = 10 * time.Second
 	// adoptTimeout is the shorter bound while the supervisor starts: a live
 	// shim answers in milliseconds, and one that does not is tried again in
 	// the background rather than hold up the start.

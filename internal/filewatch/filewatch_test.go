@@ -67,3 +67,53 @@ func TestWatchReplacedWakesOnRenameOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestManyWatchersOneInstance: more watchers than the kernel's default
+// limit of inotify instances per user (128) all work, two on one file both
+// wake, and a closed one no longer does while the other still does.
+func TestManyWatchersOneInstance(t *testing.T) {
+	dir := t.TempDir()
+	var ws []*Watcher
+	var files []*os.File
+	for i := range 300 {
+		path := filepath.Join(dir, "log"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		w, err := Watch(path)
+		if err != nil {
+			t.Fatalf("watcher %d: %v", i+1, err)
+		}
+		ws, files = append(ws, w), append(files, f)
+	}
+	twin, err := Watch(files[299].Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer twin.Close()
+	files[299].Write([]byte("x"))
+	for _, w := range []*Watcher{ws[299], twin} {
+		select {
+		case <-w.C:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a watcher of the written file did not wake")
+		}
+	}
+	select {
+	case <-ws[0].C:
+		t.Fatal("a watcher of another file woke")
+	case <-time.After(50 * time.Millisecond):
+	}
+	ws[299].Close()
+	files[299].Write([]byte("y"))
+	select {
+	case <-twin.C:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing one of two watchers of a file stopped the other")
+	}
+	for _, w := range ws[:299] {
+		w.Close()
+	}
+}
