@@ -201,7 +201,11 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 	t1 := time.Now()
 	stopErrs := make([]error, len(started))
 	parallel(len(started), len(started), func(i int) {
-		_, stopErrs[i] = a.StopSession(ctx, &adminv1.StopSessionRequest{Id: started[i].Id})
+		// A generous grace: every session ends on the SIGTERM, and with
+		// hundreds ending at once the kernel's teardown (cgroups, mount
+		// and network namespaces) takes tens of seconds before each exit
+		// is recorded.
+		_, stopErrs[i] = a.StopSession(ctx, &adminv1.StopSessionRequest{Id: started[i].Id, TimeoutSeconds: 120})
 	})
 	if failed := countErrors(stopErrs); len(failed) > 0 {
 		problems = append(problems, "stop: "+leftovers.Brief(failed, 3))

@@ -346,19 +346,22 @@ func WaitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 }
 
 // SignalProcesses signals every process of a session run as the shim's
-// processes: the runtime's process group and whatever else is in its
-// cgroup. A graceful signal spares the pids in spare (the launcher and an
-// srt sandbox's init: bwrap dies of it without passing it on, taking the
-// sandbox down at once); SIGKILL reaches them too, the launcher last.
+// processes: those of its cgroup, or without one, of the runtime's process
+// group (a scan of /proc, which with hundreds of sessions stopping at once
+// cost each shim seconds). A graceful signal spares the pids in spare (the
+// launcher and an srt sandbox's init: bwrap dies of it without passing it
+// on, taking the sandbox down at once); SIGKILL reaches them too, the
+// launcher last.
 func (h *Host) SignalProcesses(pid, launcher int, spare []int, sig syscall.Signal) {
 	targets := map[int]bool{}
-	if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {
+	if len(h.s.cg.Dirs) > 0 {
+		for _, p := range h.CgroupProcs() {
+			targets[p] = true
+		}
+	} else if st, err := procstat.Read(pid); err == nil && st.PGID > 1 {
 		for _, p := range procstat.Group(st.PGID) {
 			targets[p] = true
 		}
-	}
-	for _, p := range h.CgroupProcs() {
-		targets[p] = true
 	}
 	targets[pid] = true
 	spared := map[int]bool{launcher: true}
