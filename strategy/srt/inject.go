@@ -2,6 +2,7 @@ package srt
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -17,12 +18,29 @@ const caBundleName = "ca-bundle.pem"
 // no secret. A run with secrets appends its session CA (addCA) before the
 // runtime starts: the bind shows the same file.
 func caBundle(dir string) (*os.File, error) {
-	system, err := os.ReadFile(systemBundle)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	path := filepath.Join(dir, caBundleName)
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, caBundleName)
-	if err := os.WriteFile(path, append(system, '\n'), 0o644); err != nil {
+	// Copied, not read whole: the store is ~200 KiB, which a shim's small
+	// heap would otherwise keep for the run.
+	if system, err := os.Open(systemBundle); err == nil {
+		_, err = io.Copy(out, system)
+		system.Close()
+		if err != nil {
+			out.Close()
+			return nil, err
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		out.Close()
+		return nil, err
+	}
+	_, err = out.WriteString("\n")
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, err
 	}
 	return os.Open(path)
