@@ -99,6 +99,8 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 		}
 	}
 	if err := json.NewEncoder(readyW).Encode(shimv1.Ready{PID: os.Getpid(), StartTime: start}); err != nil {
+		// The bootstrap is gone: no supervisor will know this shim.
+		svc.discardWarm()
 		return err
 	}
 	readyW.Close()

@@ -417,7 +417,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 // nothing of the run is left; a runtime that could not start leaves the
 // session exited with the reason.
 func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets) error {
-	conn, boot, err := s.launchShim(ss.dir, rec)
+	conn, boot, err := s.launchShim(s.ctx, ss.dir, rec)
 	if err != nil {
 		return err
 	}
@@ -429,8 +429,9 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 }
 
 // launchShim makes a run's cgroup (and places its VM), writes its record,
-// and starts and connects to its shim. On an error nothing of it is left.
-func (s *Supervisor) launchShim(dir session.Dir, rec *session.Record) (_ *shimConn, _ *session.Bootstrap, retErr error) {
+// and starts and connects to its shim; ctx ends the bootstrap and the dial.
+// On an error nothing of it is left.
+func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *session.Record) (_ *shimConn, _ *session.Bootstrap, retErr error) {
 	if s.cgroups != nil {
 		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
 		if err != nil {
@@ -452,11 +453,11 @@ func (s *Supervisor) launchShim(dir session.Dir, rec *session.Record) (_ *shimCo
 		return nil, nil, err
 	}
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
-	boot, err := s.bootstrapShim(dir, rec.Strategy, rec.Run, socket)
+	boot, err := s.bootstrapShim(ctx, dir, rec.Strategy, rec.Run, socket)
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := dialShim(s.ctx, boot, dialTimeout)
+	conn, err := dialShim(ctx, boot, dialTimeout)
 	if err != nil {
 		s.stopShim(boot)
 		os.Remove(socket)

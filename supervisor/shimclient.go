@@ -95,12 +95,12 @@ func (s *Supervisor) shimFor(n strategy.Name) (string, error) {
 
 // bootstrapShim runs `start` of the strategy's shim for a session run and
 // returns where the shim listens.
-func (s *Supervisor) bootstrapShim(dir session.Dir, n strategy.Name, run uint32, socket string) (*session.Bootstrap, error) {
+func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string) (*session.Bootstrap, error) {
 	shim, err := s.shimFor(n)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, bootstrapTimeout)
+	ctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, shim, "start", "--session-dir", string(dir), "--socket", socket)
 	// The shim needs nothing of the daemon's environment, and must not

@@ -131,7 +131,10 @@ func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
 		ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
 		CreatedAt: time.Now().UTC(), Run: 1, Spec: spec, Warm: true,
 	}
-	conn, boot, err := s.launchShim(dir, rec)
+	// Not s.ctx: a supervisor that stops lets a build in flight finish
+	// and discards it (closeWarm); one cut short could leave a shim that
+	// the bootstrap started and no one knows of.
+	conn, boot, err := s.launchShim(context.Background(), dir, rec)
 	if err != nil {
 		return nil, err
 	}
