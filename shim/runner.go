@@ -32,7 +32,7 @@ type Runner interface {
 // Preparer is a Runner that can do a start's work ahead of the session: a
 // warm boundary (session.Record.Warm) is prepared as soon as its shim
 // serves, and bound to the session that claims it by Prepared.Start. Its
-// Start is Prepare, then Prepared.Start.
+// Start does the same work back to back.
 type Preparer interface {
 	Runner
 	// Prepare builds the run up to the runtime's exec from what the session
@@ -88,14 +88,6 @@ type Host struct {
 
 // Session is the session the shim runs.
 func (h *Host) Session() *session.Record { return h.s.rec }
-
-// Warm reports whether the run was prepared ahead of its session (a warm
-// boundary the session claimed).
-func (h *Host) Warm() bool {
-	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
-	return h.s.wasWarm
-}
 
 // Dir is the session's directory.
 func (h *Host) Dir() session.Dir { return h.s.dir }

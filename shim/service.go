@@ -54,9 +54,8 @@ type service struct {
 	fwd forwards
 
 	// warm is the run prepared ahead of its session (session.Record.Warm),
-	// until Start binds it or the shim discards it; wasWarm stays.
-	warm    Prepared
-	wasWarm bool
+	// until Start binds it or the shim discards it.
+	warm Prepared
 
 	renewMu sync.Mutex // guards the fields below
 	// renewed are the secrets renewed by their token endpoints during the
@@ -264,7 +263,7 @@ func (s *service) prepareWarm() error {
 		return err
 	}
 	s.mu.Lock()
-	s.warm, s.wasWarm = prepared, true
+	s.warm = prepared
 	s.mu.Unlock()
 	s.log.Info("warm boundary ready")
 	return nil
@@ -297,9 +296,6 @@ func (s *service) launch() (Run, error) {
 		}
 		s.log.WithError(err).Info("warm boundary stale: building it again")
 		p.Discard(&Host{s})
-		s.mu.Lock()
-		s.wasWarm = false
-		s.mu.Unlock()
 	}
 	runner, err := s.runner()
 	if err != nil {

@@ -69,17 +69,25 @@ type Launch struct {
 
 // Start prepares the run (Prepare) and starts it at once.
 func (r Runner) Start(h *shim.Host) (shim.Run, error) {
-	p, err := r.Prepare(h)
+	p, err := r.prepare(h)
 	if err != nil {
 		return nil, err
 	}
-	return p.Start(h)
+	return p.start(h)
 }
 
 // Prepare does all of a start that is not the session's own: the pipes, the
 // boundary, and "agentconnect-shim init" in the session's cgroup (for srt,
 // the sandbox up to the runtime's exec). Start binds the rest.
-func (r Runner) Prepare(h *shim.Host) (_ shim.Prepared, retErr error) {
+func (r Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
+	p, err := r.prepare(h)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (r Runner) prepare(h *shim.Host) (_ *prepared, retErr error) {
 	st := shim.NewSteps()
 	p := &prepared{st: st}
 	var closers []*os.File
@@ -185,13 +193,17 @@ func (p *prepared) kill(h *shim.Host) {
 	}
 }
 
-// Start binds what is the session's own and lets the runtime exec: the
+// Start is start for a run prepared ahead of its session (a warm boundary
+// the session claimed): its log says how long it waited.
+func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
+	p.st.Waited()
+	return p.start(h)
+}
+
+// start binds what is the session's own and lets the runtime exec: the
 // command and env (through init, or the boundary's Bind), then copies its
 // output.
-func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
-	if h.Warm() {
-		p.st.Waited()
-	}
+func (p *prepared) start(h *shim.Host) (shim.Run, error) {
 	spec := h.Session().Spec
 	if p.b == nil {
 		execErr, err := p.launcher.Exec(spec.Command, spec.Env)
@@ -205,11 +217,7 @@ func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
 			if errors.Is(err, shim.ErrStaleBoundary) {
 				return nil, err // the caller discards it
 			}
-			p.kill(h)
-			<-p.launcher.Exited
-			p.closeFiles()
-			p.b.Stop(h)
-			p.b.Release()
+			p.Discard(h)
 			return nil, shim.SandboxSetupError(err)
 		}
 	}
