@@ -360,29 +360,17 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 		warm = s.claimWarm(ag, spec)
 		defer s.fillWarm(ag.ID)
 	}
-	var ss *sessionState
+	var dir session.Dir
 	var rec *session.Record
 	if warm != nil {
 		// The session's own goes into the record the warm shim was built
 		// from; the shim reads it back at Start.
-		rec = warm.rec
+		dir, rec = warm.dir, warm.rec
 		rec.Warm, rec.CreatedAt = false, time.Now().UTC()
 		rec.Spec.Command, rec.Spec.CommandOverride, rec.Spec.Env = spec.Command, spec.CommandOverride, spec.Env
-		ss = newSessionState(warm.dir, rec)
-		ss.opMu.Lock()
-		defer ss.opMu.Unlock()
-		if err := warm.dir.WriteRecord(rec); err != nil {
-			s.discardWarm(warm)
-			return view{}, err
-		}
-		if err := s.runShim(ss, rec, warm.conn, warm.boot, private); err != nil {
-			s.removeRunLeftovers(rec)
-			os.RemoveAll(string(warm.dir))
-			return view{}, err
-		}
 	} else {
 		id := agent.NewID()
-		dir := session.Dir(s.layout.SessionDir(id))
+		dir = session.Dir(s.layout.SessionDir(id))
 		if err := os.Mkdir(string(dir), 0o700); err != nil {
 			return view{}, fmt.Errorf("create session: %w", err)
 		}
@@ -394,13 +382,18 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 			ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
 			CreatedAt: time.Now().UTC(), Run: 1, Spec: spec,
 		}
-		ss = newSessionState(dir, rec)
-		ss.opMu.Lock()
-		defer ss.opMu.Unlock()
-		if err := s.startRun(ss, rec, private); err != nil {
-			os.RemoveAll(string(dir))
-			return view{}, err
-		}
+	}
+	ss := newSessionState(dir, rec)
+	ss.opMu.Lock()
+	defer ss.opMu.Unlock()
+	if warm != nil {
+		err = s.runWarm(ss, warm, private)
+	} else {
+		err = s.startRun(ss, rec, private)
+	}
+	if err != nil {
+		os.RemoveAll(string(dir))
+		return view{}, err
 	}
 	s.mu.Lock()
 	s.sessions[rec.ID] = ss
@@ -410,6 +403,21 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	v := ss.view()
 	s.events.add(event{Type: "session.started", SessionID: rec.ID, Agent: ag.Name, Message: fmt.Sprintf("pid %d", v.PID)})
 	return v, nil
+}
+
+// runWarm starts the session ss in the warm shim it claimed: its record,
+// rewritten with what is the session's own, then the runtime. On an error
+// nothing of the run is left.
+func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets) error {
+	if err := ss.dir.WriteRecord(w.rec); err != nil {
+		s.discardWarm(w)
+		return err
+	}
+	if err := s.runShim(ss, w.rec, w.conn, w.boot, private); err != nil {
+		s.removeRunLeftovers(w.rec)
+		return err
+	}
+	return nil
 }
 
 // startRun starts one run of a session: its cgroup, its shim, its runtime

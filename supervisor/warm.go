@@ -252,28 +252,35 @@ func (s *Supervisor) discardAll(list []*warmShim) {
 // prepared run and exits (killed if it does not), and its directory,
 // cgroup and socket go.
 func (s *Supervisor) discardWarm(w *warmShim) {
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	_, err := w.conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
-	cancel()
-	w.conn.close()
-	if err != nil || !waitGone(w.boot.PID, w.boot.StartTime, shimExitTimeout) {
-		s.stopShim(w.boot)
-	}
-	s.removeRunLeftovers(w.rec)
-	os.RemoveAll(string(w.dir))
+	s.endWarm(w.dir, w.rec, w.boot, w.conn, callTimeout)
 }
 
 // removeWarmLeftover removes what a warm shim of an earlier supervisor
 // left: the shim, its run's leftovers and its directory (recovery).
 func (s *Supervisor) removeWarmLeftover(dir session.Dir, rec *session.Record) {
-	if boot, _ := dir.ReadBootstrap(); boot != nil && boot.Run == rec.Run {
-		if conn, err := dialShim(s.ctx, boot, adoptTimeout); err == nil {
-			ctx, cancel := context.WithTimeout(s.ctx, adoptTimeout)
-			conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
+	boot, _ := dir.ReadBootstrap()
+	if boot == nil || boot.Run != rec.Run {
+		s.endWarm(dir, rec, nil, nil, 0)
+		return
+	}
+	conn, _ := dialShim(s.ctx, boot, adoptTimeout)
+	s.endWarm(dir, rec, boot, conn, adoptTimeout)
+}
+
+// endWarm ends the warm shim of boot (nil: none was started): asked over
+// conn (nil: it did not answer) to shut down within timeout, and killed
+// unless it does; then the run's leftovers and its directory go.
+func (s *Supervisor) endWarm(dir session.Dir, rec *session.Record, boot *session.Bootstrap, conn *shimConn, timeout time.Duration) {
+	if boot != nil {
+		gone := false
+		if conn != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			_, err := conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
 			cancel()
 			conn.close()
+			gone = err == nil && waitGone(boot.PID, boot.StartTime, shimExitTimeout)
 		}
-		if !waitGone(boot.PID, boot.StartTime, shimExitTimeout) {
+		if !gone {
 			s.stopShim(boot)
 		}
 	}
