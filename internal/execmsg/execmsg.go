@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 )
@@ -67,8 +66,10 @@ func Receive(r io.Reader) (Message, error) {
 }
 
 // Exec replaces the process with m's command, found on m.Env's PATH (the
-// runtime's, not the launcher's). It returns only on failure, with the exit
-// code a shell gives: 127 not found, 126 found but cannot run.
+// runtime's, not the launcher's) by exec.LookPath, as the runtime's own
+// shell would (a match through "." in PATH is refused: exec.ErrDot). It
+// returns only on failure, with the exit code a shell gives: 127 not found,
+// 126 found but cannot run.
 func Exec(m Message) (code int, err error) {
 	path, err := lookPath(m.Argv[0], m.Env)
 	if err == nil {
@@ -80,25 +81,14 @@ func Exec(m Message) (code int, err error) {
 	return 126, err
 }
 
-// lookPath is exec.LookPath with the PATH of env.
+// lookPath is exec.LookPath in env: the process's environment becomes env,
+// which is what it is about to exec with.
 func lookPath(file string, env []string) (string, error) {
-	if strings.Contains(file, "/") {
-		return file, nil
-	}
-	pathVar := ""
+	os.Clearenv()
 	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			pathVar = v
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			os.Setenv(k, v)
 		}
 	}
-	for _, dir := range filepath.SplitList(pathVar) {
-		if dir == "" {
-			dir = "."
-		}
-		p := filepath.Join(dir, file)
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", &exec.Error{Name: file, Err: exec.ErrNotFound}
+	return exec.LookPath(file)
 }

@@ -46,8 +46,17 @@ func TestReceiveRefuses(t *testing.T) {
 }
 
 // TestLookPathUsesTheMessagesPath: the command is found on the runtime's
-// PATH, not the launcher's, and a file that is not executable is skipped.
+// PATH, not the launcher's; a file that is not executable is skipped, and
+// a match through "." in PATH refused, as exec.LookPath does.
 func TestLookPathUsesTheMessagesPath(t *testing.T) {
+	saved := os.Environ()
+	t.Cleanup(func() {
+		os.Clearenv()
+		for _, kv := range saved {
+			k, v, _ := strings.Cut(kv, "=")
+			os.Setenv(k, v)
+		}
+	})
 	dir := t.TempDir()
 	noexec := filepath.Join(dir, "a")
 	os.MkdirAll(noexec, 0o755)
@@ -62,8 +71,12 @@ func TestLookPathUsesTheMessagesPath(t *testing.T) {
 	if _, err := lookPath("tool", []string{"PATH=" + noexec}); !errors.Is(err, exec.ErrNotFound) {
 		t.Errorf("lookPath with only a non-executable tool = %v, want ErrNotFound", err)
 	}
-	if got, err := lookPath("./rel/tool", nil); err != nil || got != "./rel/tool" {
+	if got, err := lookPath(filepath.Join(bin, "tool"), nil); err != nil || got != filepath.Join(bin, "tool") {
 		t.Errorf("lookPath of a path = %q, %v; want it as given", got, err)
+	}
+	t.Chdir(bin)
+	if _, err := lookPath("tool", []string{"PATH=."}); !errors.Is(err, exec.ErrDot) {
+		t.Errorf("lookPath through . in PATH = %v, want exec.ErrDot", err)
 	}
 }
 
