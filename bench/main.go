@@ -215,6 +215,7 @@ func run() int {
 		{"srt", "concurrent srt sessions", benchSrtConcurrent},
 		{"srt", "srt secret injection", benchSrtInject},
 		{"microsandbox", "microsandbox start", benchVMStart},
+		{"microsandbox", "warm microsandbox VMs", benchWarmVM},
 		{"microsandbox", "microsandbox session memory", benchVMMemory},
 		{"microsandbox", "guest image", benchImage},
 		{"chat", "chat to the first streamed token", benchChat},

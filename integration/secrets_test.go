@@ -492,8 +492,16 @@ func selfSigned(t *testing.T) tls.Certificate {
 // write (its /etc, /run, /tmp, /root, /home, /var and the shares) holds
 // the value; the guest trusts the session CA through its system bundle and
 // the trust variables; and none of the VM's disks on the host holds it.
+// The same in a warm VM, booted and set up before the session and its
+// secret came (its CA is trusted at the claim).
 func TestSecretStaysOutOfAVM(t *testing.T) {
 	requireMicrosandbox(t)
+	for _, warm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) { secretStaysOutOfAVM(t, warm) })
+	}
+}
+
+func secretStaysOutOfAVM(t *testing.T, warm bool) {
 	h, _ := startVMDaemon(t, "")
 	run(t, h, secretValue, "secret", "set", "claude", "--preset", "anthropic")
 	half := len(secretValue) / 2
@@ -508,9 +516,20 @@ echo "files $(grep -rlsF -e "$v" /etc /run /tmp /root /home /var "$PWD" "$HOME" 
 echo "bundle $(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt) $(grep -c 'BEGIN CERTIFICATE' /run/agentconnect/ca-bundle.pem)"
 echo "trust $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"
 `, valueHash, secretValue[:half], secretValue[half:])
-	ok(t, h, "agent", "create", "vm", "--strategy", "microsandbox", "--secret", "ANTHROPIC_API_KEY=claude", "--", "sh", "-c", script)
-	_, out := startAndWait(t, h, "vm", "")
+	args := []string{"agent", "create", "vm", "--strategy", "microsandbox", "--secret", "ANTHROPIC_API_KEY=claude"}
+	if warm {
+		args = append(args, "--warm", "1")
+	}
+	ok(t, h, append(args, "--", "sh", "-c", script)...)
+	var ready map[string]int
+	if warm {
+		ready = waitWarmAgent(t, h, "vm", 1)
+	}
+	id, out := startAndWait(t, h, "vm", "")
 	t.Logf("guest:\n%s", out)
+	if _, claimed := ready[id]; warm && (!claimed || !strings.Contains(shimLog(h, id), "warm boundary claimed")) {
+		t.Errorf("session %s did not claim the warm VM %v; shim log:\n%s", id, ready, shimLog(h, id))
+	}
 	for _, want := range []string{"key agentconnect-placeholder-", "environ 0\n", "assembled " + valueHash + "\n", "files 0\n",
 		"trust /run/agentconnect/ca-bundle.pem /run/agentconnect/ca-bundle.pem"} {
 		if !strings.Contains(out, want) {

@@ -35,16 +35,24 @@ func warmShims(h string) map[string]int {
 	return found
 }
 
-// waitWarm waits until agent w has n warm boundaries ready, as agent show
-// says and as the home holds them, and returns them.
+// waitWarm waits until agent w has n warm boundaries ready (waitWarmAgent).
 func waitWarm(t *testing.T, h string, n int) map[string]int {
 	t.Helper()
+	return waitWarmAgent(t, h, "w", n)
+}
+
+// waitWarmAgent waits until the agent, the home's only one with warm
+// boundaries, has n ready, as agent show says and as the home holds them,
+// and returns them.
+func waitWarmAgent(t *testing.T, h, name string, n int) map[string]int {
+	t.Helper()
 	var w map[string]int
-	eventually(t, 30*time.Second, "warm boundaries ready", func() bool {
+	// A warm VM boots under TCG in about 5 s, one after the other.
+	eventually(t, 2*time.Minute, "warm boundaries ready", func() bool {
 		var a struct {
 			WarmReady int `json:"warmReady"`
 		}
-		okJSON(t, h, &a, "agent", "show", "w")
+		okJSON(t, h, &a, "agent", "show", name)
 		w = warmShims(h)
 		return a.WarmReady == n && len(w) == n
 	})
@@ -78,19 +86,26 @@ func execWarm(t *testing.T, h string, args ...string) (string, string) {
 	return "", ""
 }
 
-// TestWarmBoundaries: an agent's warm boundaries (host, srt) are ready
-// before any session; a session claims one and gets its own command and
-// env; the pool refills with new ones (a claimed boundary is never used
-// again); an edit of the agent replaces them; a supervisor SIGKILL and
-// restart replaces them; removing the agent, and stopping the daemon,
-// leave nothing.
+// TestWarmBoundaries: an agent's warm boundaries (a host process, an srt
+// sandbox, a booted VM) are ready before any session; a session claims one
+// and gets its own command and env; the pool refills with new ones (a
+// claimed boundary is never used again); an edit of the agent replaces
+// them; a supervisor SIGKILL and restart replaces them; removing the
+// agent, and stopping the daemon, leave nothing.
 func TestWarmBoundaries(t *testing.T) {
 	requireRoot(t)
 	requireBwrap(t)
-	for _, strategy := range []string{"host", "srt"} {
+	for _, strategy := range []string{"host", "srt", "microsandbox"} {
 		t.Run(strategy, func(t *testing.T) {
-			h := newHome(t)
-			d := startDaemon(t, h)
+			var h string
+			var d *daemon
+			if strategy == "microsandbox" {
+				requireMicrosandbox(t)
+				h, d = startVMDaemon(t, "")
+			} else {
+				h = newHome(t)
+				d = startDaemon(t, h)
+			}
 			procs := leftovers.NewBaseline(leftovers.Processes(d.pid(), h))
 			ok(t, h, "agent", "create", "w", "--strategy", strategy, "--warm", "2", "--env", "A=1", "--", "sh", "-c", "echo agent $A")
 			if r := run(t, h, "", "session", "ls", "--json"); strings.TrimSpace(r.stdout) != "[]" {
@@ -136,8 +151,10 @@ func TestWarmBoundaries(t *testing.T) {
 				if _, still := again[old]; still || procstat.Alive(pid, 0) {
 					t.Errorf("warm boundary %s (shim %d) of the killed supervisor is still there", old, pid)
 				}
-				if _, err := os.Stat(filepath.Join(h, "sessions", old)); err == nil {
-					t.Errorf("warm boundary %s of the killed supervisor left its directory", old)
+				for _, dir := range []string{"sessions", "vms"} {
+					if _, err := os.Stat(filepath.Join(h, dir, old)); err == nil {
+						t.Errorf("warm boundary %s of the killed supervisor left its %s directory", old, dir)
+					}
 				}
 			}
 			roots := leftovers.CgroupRoots(show(t, h, id).Cgroup)
@@ -150,8 +167,10 @@ func TestWarmBoundaries(t *testing.T) {
 			if w := warmShims(h); len(w) > 0 {
 				t.Errorf("warm boundaries after agent rm: %v", w)
 			}
-			if entries, _ := os.ReadDir(filepath.Join(h, "sessions")); len(entries) > 0 {
-				t.Errorf("session directories after agent rm: %d", len(entries))
+			for _, dir := range []string{"sessions", "vms"} {
+				if entries, _ := os.ReadDir(filepath.Join(h, dir)); len(entries) > 0 {
+					t.Errorf("%s directories after agent rm: %d", dir, len(entries))
+				}
 			}
 			if p := procs.Since(leftovers.Processes(d.pid(), h)); len(p) > 0 {
 				t.Errorf("processes of ours after agent rm: %v", p)

@@ -88,8 +88,29 @@ func (s *Supervisor) recoverSessions() {
 	s.mu.Unlock()
 	s.removeStraySockets(live)
 	s.removeStrayCgroups()
+	s.removeStrayVMs()
 	if len(ids) > 0 {
 		s.log.WithFields(map[string]any{"sessions": len(ids), "adopted": adopted, "took": time.Since(start).Round(time.Millisecond).String()}).Info("sessions recovered")
+	}
+}
+
+// removeStrayVMs removes the VM directories (disks, console log) that
+// belong to no session: a supervisor killed while it removed a session, or
+// a warm VM, leaves one. No VM runs from them: its session would be known.
+func (s *Supervisor) removeStrayVMs() {
+	entries, _ := os.ReadDir(s.layout.VMsDir())
+	for _, e := range entries {
+		s.mu.Lock()
+		_, known := s.sessions[e.Name()]
+		s.mu.Unlock()
+		if known {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.layout.VMsDir(), e.Name())); err != nil {
+			s.log.WithError(err).WithField("session", e.Name()).Warn("remove a stray VM directory")
+			continue
+		}
+		s.log.WithField("session", e.Name()).Info("removed the VM directory of no session")
 	}
 }
 
@@ -128,7 +149,7 @@ func (s *Supervisor) recoverSession(id string) *sessionState {
 	log := s.log.WithField("session", id)
 	rec, err := dir.ReadRecord()
 	if errors.Is(err, fs.ErrNotExist) {
-		os.RemoveAll(string(dir))
+		s.removeSessionFiles(id)
 		return nil
 	}
 	if err != nil {

@@ -358,7 +358,11 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	var warm *warmShim
 	if warmable(ag) {
 		warm = s.claimWarm(ag, spec)
-		defer s.fillWarm(ag.ID)
+		refillAfter := ""
+		defer func() { s.refillWarm(ag.ID, refillAfter) }()
+		if warm != nil {
+			refillAfter = warm.dir.OutputPath()
+		}
 	}
 	var dir session.Dir
 	var rec *session.Record
@@ -392,7 +396,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 		err = s.startRun(ss, rec, private)
 	}
 	if err != nil {
-		os.RemoveAll(string(dir))
+		s.removeSessionFiles(rec.ID)
 		return view{}, err
 	}
 	s.mu.Lock()
@@ -451,6 +455,14 @@ func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *sessi
 				cg.Remove()
 			}
 		}()
+		if rec.Warm {
+			// A build ahead of any session yields the CPU to those that
+			// run (a VM's boot takes a core for seconds); claimWarm gives
+			// the cgroup its weight back.
+			if err := cg.SetBackground(true); err != nil {
+				s.log.WithError(err).WithField("warm", rec.ID).Warn("build a warm boundary at background priority")
+			}
+		}
 	}
 	if rec.Spec.VM != nil {
 		if err := s.placeVM(rec); err != nil {
@@ -674,6 +686,13 @@ func (s *Supervisor) lose(rec *session.Record, last *session.Status, reason stri
 		s.log.WithError(err).WithField("session", rec.ID).Error("record lost session")
 	}
 	return st
+}
+
+// removeSessionFiles removes the directories of a session that never
+// started or is gone: its own and its VM's.
+func (s *Supervisor) removeSessionFiles(id string) {
+	os.RemoveAll(filepath.Join(s.layout.VMsDir(), id))
+	os.RemoveAll(s.layout.SessionDir(id))
 }
 
 // removeRunLeftovers kills and removes a run's cgroup, its socket, a VM's

@@ -11,8 +11,8 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
+	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
-	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
@@ -103,10 +103,34 @@ func (s *Supervisor) fillWarm(agentID string) {
 	}()
 }
 
-// warmable reports whether a's sessions can have warm boundaries.
-func warmable(a agent.Agent) bool {
-	return a.Warm > 0 && (a.Strategy == strategy.Host || a.Strategy == strategy.SRT)
+// refillWait bounds how long a refill waits for the first output of the
+// session that claimed a warm boundary.
+const refillWait = time.Second
+
+// refillWarm refills the agent's warm boundaries: once the output log at
+// firstOutput (the session that claimed one; "": none) has its first
+// byte, or after refillWait. The first moments of a claimed session are
+// what its user waits for, and a build (a VM's boot takes a core for
+// seconds) would slow them.
+func (s *Supervisor) refillWarm(agentID, firstOutput string) {
+	if firstOutput == "" {
+		s.fillWarm(agentID)
+		return
+	}
+	go func() {
+		deadline := time.Now().Add(refillWait)
+		for time.Now().Before(deadline) && s.ctx.Err() == nil {
+			if fi, err := os.Stat(firstOutput); err != nil || fi.Size() > 0 {
+				break // the session wrote, or is gone
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		s.fillWarm(agentID)
+	}()
 }
+
+// warmable reports whether a's sessions have warm boundaries.
+func warmable(a agent.Agent) bool { return a.Warm > 0 }
 
 // buildWarm starts one warm shim of ag and waits until its run is prepared.
 func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
@@ -121,7 +145,7 @@ func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
 	}
 	defer func() {
 		if retErr != nil {
-			os.RemoveAll(string(dir))
+			s.removeSessionFiles(id)
 		}
 	}()
 	if f, err := os.OpenFile(dir.OutputPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
@@ -170,15 +194,26 @@ func (s *Supervisor) claimWarm(ag agent.Agent, spec session.Spec) *warmShim {
 		s.discardWarm(w)
 		return nil
 	}
+	// Built at background priority (launchShim); the session is not.
+	if err := (cgroupfs.Cgroup{Dirs: w.rec.Spec.Cgroup}).SetBackground(false); err != nil {
+		log.WithError(err).Warn("give a warm boundary its CPU weight back; discarded, the session starts cold")
+		go s.discardWarm(w)
+		return nil
+	}
 	return w
 }
 
 // sameBoundary reports whether a run prepared from a is what a start now
-// builds from b, but for what a claim binds (command, env) and the cgroup
-// the run was given.
+// builds from b, but for what a claim binds (command, env) and where the
+// run was placed (its cgroup; its VM's directories and vsock CID).
 func sameBoundary(a, b session.Spec) bool {
 	for _, sp := range []*session.Spec{&a, &b} {
 		sp.Command, sp.CommandOverride, sp.Env, sp.Cgroup = nil, false, nil, nil
+		if sp.VM != nil {
+			vm := *sp.VM
+			vm.Dir, vm.RunDir, vm.CID = "", "", 0
+			sp.VM = &vm
+		}
 	}
 	return reflect.DeepEqual(a, b)
 }
@@ -252,7 +287,7 @@ func (s *Supervisor) discardAll(list []*warmShim) {
 // prepared run and exits (killed if it does not), and its directory,
 // cgroup and socket go.
 func (s *Supervisor) discardWarm(w *warmShim) {
-	s.endWarm(w.dir, w.rec, w.boot, w.conn, callTimeout)
+	s.endWarm(w.rec, w.boot, w.conn, callTimeout)
 }
 
 // removeWarmLeftover removes what a warm shim of an earlier supervisor
@@ -260,17 +295,17 @@ func (s *Supervisor) discardWarm(w *warmShim) {
 func (s *Supervisor) removeWarmLeftover(dir session.Dir, rec *session.Record) {
 	boot, _ := dir.ReadBootstrap()
 	if boot == nil || boot.Run != rec.Run {
-		s.endWarm(dir, rec, nil, nil, 0)
+		s.endWarm(rec, nil, nil, 0)
 		return
 	}
 	conn, _ := dialShim(s.ctx, boot, adoptTimeout)
-	s.endWarm(dir, rec, boot, conn, adoptTimeout)
+	s.endWarm(rec, boot, conn, adoptTimeout)
 }
 
 // endWarm ends the warm shim of boot (nil: none was started): asked over
 // conn (nil: it did not answer) to shut down within timeout, and killed
-// unless it does; then the run's leftovers and its directory go.
-func (s *Supervisor) endWarm(dir session.Dir, rec *session.Record, boot *session.Bootstrap, conn *shimConn, timeout time.Duration) {
+// unless it does; then the run's leftovers and its directories go.
+func (s *Supervisor) endWarm(rec *session.Record, boot *session.Bootstrap, conn *shimConn, timeout time.Duration) {
 	if boot != nil {
 		gone := false
 		if conn != nil {
@@ -285,5 +320,5 @@ func (s *Supervisor) endWarm(dir session.Dir, rec *session.Record, boot *session
 		}
 	}
 	s.removeRunLeftovers(rec)
-	os.RemoveAll(string(dir))
+	s.removeSessionFiles(rec.ID)
 }

@@ -37,4 +37,35 @@ func TestSameBoundary(t *testing.T) {
 			t.Errorf("a warm run matches a start whose %s changed", name)
 		}
 	}
+
+	// A warm VM was placed (its directories, its vsock CID); a start's
+	// spec is not yet. All else of the VM must match.
+	vmSpec := func() session.Spec {
+		s := base()
+		s.Strategy = "microsandbox"
+		s.VM = &session.VM{CPUs: 1, MemoryMiB: 512, ImageDigest: "sha256:a", Shares: []session.VMShare{{Tag: "workspace", Source: "/w", Target: "/w"}}}
+		return s
+	}
+	warm := vmSpec()
+	warm.VM.Dir, warm.VM.RunDir, warm.VM.CID = "/vms/warm/id", "/run/warm/1", 77
+	if !sameBoundary(warm, vmSpec()) {
+		t.Error("a placed warm VM does not match a start of the same agent")
+	}
+	if warm.VM.Dir == "" || warm.VM.CID != 77 {
+		t.Error("sameBoundary changed the warm VM's placement")
+	}
+	for name, change := range map[string]func(*session.VM){
+		"the image":        func(v *session.VM) { v.ImageDigest = "sha256:b" },
+		"the memory":       func(v *session.VM) { v.MemoryMiB = 1024 },
+		"the TCG cache":    func(v *session.VM) { v.TCGCacheMiB = 64 },
+		"a share":          func(v *session.VM) { v.Shares[0].ReadOnly = true },
+		"the transport":    func(v *session.VM) { v.Transport = "vsock" },
+		"the hidden homes": func(v *session.VM) { v.Hidden = []string{"/home/x"} },
+	} {
+		now := vmSpec()
+		change(now.VM)
+		if sameBoundary(warm, now) {
+			t.Errorf("a warm VM matches a start whose %s changed", name)
+		}
+	}
 }

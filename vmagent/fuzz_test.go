@@ -23,7 +23,7 @@ func FuzzCheckSetup(f *testing.F) {
 	for _, req := range []*vmagentv1.SetupRequest{good,
 		{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "r"}},
 		{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "u"}, Shares: []*vmagentv1.Share{{Tag: "t", Target: "/proc/x"}, {Tag: "t", Target: "/a/../b"}}},
-		{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "u"}, SessionCaPem: "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"},
+		{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "u"}, Network: &vmagentv1.Network{Address: "192.168.127.2/24", Gateway: "192.168.127.2", Hostname: "-x"}},
 	} {
 		b, _ := proto.Marshal(req)
 		f.Add(b)

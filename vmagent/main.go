@@ -80,6 +80,7 @@ func run(logf func(string, ...any)) error {
 		streams:  newPendingStreams(logf),
 		paths:    guestPaths,
 		setup:    runSetup,
+		trust:    func(ca string) error { return trustSessionCA("/", ca) },
 		modules:  modulesLoaded,
 		powerOff: powerOff,
 

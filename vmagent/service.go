@@ -42,7 +42,8 @@ type service struct {
 	streams  *pendingStreams
 	paths    setupPaths
 	setup    func(setupPaths, setupPlan, func(string, ...any)) error
-	modules  <-chan struct{} // closed once Setup's drivers are loaded
+	trust    func(caPEM string) error // in the root Setup built
+	modules  <-chan struct{}          // closed once Setup's drivers are loaded
 	powerOff func() error
 	// waitStreams bounds Exec's wait for the streams it names (streamWait).
 	waitStreams time.Duration
@@ -51,7 +52,8 @@ type service struct {
 	mu         sync.Mutex
 	state      setupState
 	setupErr   error
-	execs      int // Execs begun: Setup must come before the first
+	execs      int // Execs begun: Setup and Trust must come before the first
+	trusted    bool
 	shutdownAt time.Time
 }
 
@@ -100,6 +102,34 @@ func (s *service) Setup(ctx context.Context, req *vmagentv1.SetupRequest) (*vmag
 	}
 	s.state = setupDone
 	return &vmagentv1.SetupResponse{}, nil
+}
+
+// Trust makes the guest trust the session CA. It comes after Setup, which
+// built the root whose trust store it changes, and before the runtime
+// starts: a process started earlier could have read the store without it.
+func (s *service) Trust(ctx context.Context, req *vmagentv1.TrustRequest) (*vmagentv1.TrustResponse, error) {
+	ca, err := checkTrust(req)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.state != setupDone:
+		return nil, errdefs.FailedPrecondition("trust: the guest is %s; Trust comes after Setup", s.state)
+	case s.trusted:
+		return nil, errdefs.FailedPrecondition("trust: the guest trusts a session CA already")
+	case s.execs > 0:
+		return nil, errdefs.FailedPrecondition("trust: an Exec came first; Trust must come before any")
+	case !s.shutdownAt.IsZero():
+		return nil, errdefs.FailedPrecondition("trust: the guest is shutting down")
+	}
+	// Held across the change: an Exec waits for it.
+	if err := s.trust(ca); err != nil {
+		return nil, fmt.Errorf("trust the session CA: %w", err)
+	}
+	s.trusted = true
+	return &vmagentv1.TrustResponse{}, nil
 }
 
 func (s *service) Exec(ctx context.Context, req *vmagentv1.ExecRequest) (*vmagentv1.ExecResponse, error) {

@@ -591,6 +591,50 @@ func TestSetupRules(t *testing.T) {
 	}
 }
 
+// TestTrustRules: the session CA comes after Setup (it changes the root
+// Setup built) and before any Exec (a process started earlier could have
+// read the store without it), once, as one PEM certificate.
+func TestTrustRules(t *testing.T) {
+	const ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+	ctx := context.Background()
+	ta := startTestAgent(t)
+	var trusted []string
+	ta.svc.setup = func(setupPaths, setupPlan, func(string, ...any)) error { return nil }
+	ta.svc.trust = func(pem string) error { trusted = append(trusted, pem); return nil }
+	if _, err := ta.api.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: ca}); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
+		t.Errorf("Trust before Setup = %v, want failed-precondition", err)
+	}
+	if _, err := ta.api.Setup(ctx, validSetup()); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "not a certificate", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+		"-----BEGIN CERTIFICATE-----\n" + strings.Repeat("A", maxSessionCA) + "\n-----END CERTIFICATE-----\n"} {
+		if _, err := ta.api.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: bad}); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrInvalidArgument) {
+			t.Errorf("Trust of %.30q = %v, want invalid-argument", bad, err)
+		}
+	}
+	if _, err := ta.api.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: ca}); err != nil {
+		t.Fatalf("Trust after Setup: %v", err)
+	}
+	if _, err := ta.api.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: ca}); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
+		t.Errorf("a second Trust = %v, want failed-precondition", err)
+	}
+	if len(trusted) != 1 || trusted[0] != ca {
+		t.Errorf("the guest trusted %q, want the one CA once", trusted)
+	}
+
+	ta = startTestAgent(t)
+	ta.svc.setup = func(setupPaths, setupPlan, func(string, ...any)) error { return nil }
+	ta.svc.trust = func(string) error { t.Error("Trust after an Exec changed the trust store"); return nil }
+	if _, err := ta.api.Setup(ctx, validSetup()); err != nil {
+		t.Fatal(err)
+	}
+	ta.wait(t, ta.mustExec(t, "first", execOpts{}, "true"))
+	if _, err := ta.api.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: ca}); !errors.Is(rpcstatus.FromStatus(err), errdefs.ErrFailedPrecondition) {
+		t.Errorf("Trust after an Exec = %v, want failed-precondition", err)
+	}
+}
+
 func TestShutdown(t *testing.T) {
 	ta := startTestAgent(t)
 	ctx := context.Background()

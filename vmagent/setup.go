@@ -64,7 +64,7 @@ type setupPlan struct {
 	root, upper, docker string // disk serials; docker may be ""
 	shares              []shareSpec
 	network             *networkSpec
-	sessionCA           string // PEM; "" for none
+	settle              bool // wait for the warm tools (warm)
 }
 
 type shareSpec struct {
@@ -94,6 +94,7 @@ func checkSetup(req *vmagentv1.SetupRequest) (setupPlan, error) {
 	if plan.root == plan.upper || (plan.docker != "" && (plan.docker == plan.root || plan.docker == plan.upper)) {
 		return plan, errdefs.InvalidArgument("setup: the root, upper and docker disks must have different serials")
 	}
+	plan.settle = req.GetSettle()
 	if plan.shares, err = checkShares(req.GetShares()); err != nil {
 		return plan, err
 	}
@@ -104,13 +105,16 @@ func checkSetup(req *vmagentv1.SetupRequest) (setupPlan, error) {
 		}
 		plan.network = &n
 	}
-	if ca := req.GetSessionCaPem(); ca != "" {
-		if block, _ := pem.Decode([]byte(ca)); block == nil || block.Type != "CERTIFICATE" || len(ca) > maxSessionCA {
-			return plan, errdefs.InvalidArgument("setup: the session CA is not one PEM certificate of at most %d bytes", maxSessionCA)
-		}
-		plan.sessionCA = ca
-	}
 	return plan, nil
+}
+
+// checkTrust validates a TrustRequest: one PEM certificate.
+func checkTrust(req *vmagentv1.TrustRequest) (string, error) {
+	ca := req.GetSessionCaPem()
+	if block, _ := pem.Decode([]byte(ca)); block == nil || block.Type != "CERTIFICATE" || len(ca) > maxSessionCA {
+		return "", errdefs.InvalidArgument("trust: the session CA is not one PEM certificate of at most %d bytes", maxSessionCA)
+	}
+	return ca, nil
 }
 
 // maxSessionCA bounds the session CA's PEM (one P-256 certificate is
@@ -323,18 +327,13 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 			}
 		}
 	}
-	if plan.sessionCA != "" {
-		if err := step("trust the session CA", trustSessionCA(root, plan.sessionCA)); err != nil {
-			return err
-		}
-	}
 	if err := step("switch root", switchRoot(root)); err != nil {
 		return err
 	}
 	if plan.docker != "" {
 		startDocker(logf)
 	}
-	warm(logf)
+	warm(logf, plan.settle)
 	logf("setup done in %v", time.Since(start).Round(time.Millisecond))
 	return nil
 }

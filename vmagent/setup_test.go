@@ -79,10 +79,6 @@ func TestCheckSetupRefuses(t *testing.T) {
 		{"hostname with underscore", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a_b" }, "hostname"},
 		{"hostname with a trailing dash", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a-.b" }, "hostname"},
 		{"hostname too long", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = strings.Repeat("a.", 33) + "a" }, "longer than 64"},
-		{"session CA not PEM", func(r *vmagentv1.SetupRequest) { r.SessionCaPem = "not a certificate" }, "session CA"},
-		{"session CA a key", func(r *vmagentv1.SetupRequest) {
-			r.SessionCaPem = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
-		}, "session CA"},
 	}
 	for _, tt := range tests {
 		req := validSetup()

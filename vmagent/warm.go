@@ -3,6 +3,7 @@ package vmagent
 import (
 	"os"
 	"syscall"
+	"time"
 )
 
 // warmTools are programs the runtimes' own sandboxes start with a deadline:
@@ -11,16 +12,22 @@ import (
 // disk and linked) takes 800 to 1000 ms, a second one about 400 ms.
 var warmTools = [][]string{{"/usr/bin/socat", "-V"}, {"/usr/bin/bwrap", "--version"}}
 
+// settleWait bounds how long a settling Setup waits for the warm tools.
+const settleWait = 10 * time.Second
+
 // warm runs each of warmTools once, in the background, so that the page
 // cache and the dynamic linker have them when a runtime needs them fast.
-// PID 1's reaper reaps them. An image without one skips it.
-func warm(logf func(string, ...any)) {
+// PID 1's reaper reaps them. An image without one skips it. With settle it
+// returns once they are gone (at most settleWait): a warm VM's claim then
+// finds the guest idle.
+func warm(logf func(string, ...any), settle bool) {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		logf("warm: %v", err)
 		return
 	}
 	defer null.Close()
+	var pids []int
 	for _, argv := range warmTools {
 		if _, err := os.Stat(argv[0]); err != nil {
 			continue
@@ -31,6 +38,21 @@ func warm(logf func(string, ...any)) {
 			logf("warm: %s: %v", argv[0], err)
 			continue
 		}
+		pids = append(pids, p.Pid)
 		p.Release()
+	}
+	if settle {
+		waitReaped(pids, settleWait)
+	}
+}
+
+// waitReaped waits until the processes pids are reaped (by PID 1's
+// reaper, not by this), at most wait.
+func waitReaped(pids []int, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for _, pid := range pids {
+		for syscall.Kill(pid, 0) != syscall.ESRCH && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }

@@ -66,7 +66,7 @@ func (f *agentFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.memoryMiB, "memory-mib", 0, "memory in MiB: a cgroup limit for host and srt sessions, the VM size for microsandbox")
 	fs.IntVar(&f.diskGiB, "disk-gib", 0, "microsandbox: capacity of each writable VM disk in GiB")
 	fs.IntVar(&f.pids, "pids", 0, "the session's process limit (default 4096 where cgroups are available)")
-	fs.IntVar(&f.warm, "warm", 0, fmt.Sprintf("host, srt: keep N boundaries built ahead (0 to %d): a session claims one and binds its command, env and secrets then", agent.MaxWarm))
+	fs.IntVar(&f.warm, "warm", 0, fmt.Sprintf("keep N boundaries built ahead (0 to %d; a microsandbox one is a booted VM, memoryMiB each): a session claims one and binds its command, env and secrets then", agent.MaxWarm))
 	fs.BoolVar(&f.asJSON, "json", false, "print the agent as JSON")
 }
 

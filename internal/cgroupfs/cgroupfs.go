@@ -145,6 +145,44 @@ func (c Cgroup) Remove() error {
 	return errors.Join(errs...)
 }
 
+// The cpu controller's weights: the least (background work) and the
+// default, in v1 (cpu.shares) and v2 (cpu.weight).
+var cpuWeights = []struct {
+	file               string
+	background, normal string
+}{{"cpu.shares", "2", "1024"}, {"cpu.weight", "1", "100"}}
+
+// SetBackground gives the cgroup the cpu controller's least weight, or
+// with background false its default one back: a warm boundary being built
+// yields the CPU to the sessions that run. Where the cpu controller is not
+// in the cgroup's hierarchies, it does nothing.
+func (c Cgroup) SetBackground(background bool) error {
+	for _, d := range c.Dirs {
+		for _, w := range cpuWeights {
+			v := w.normal
+			if background {
+				v = w.background
+			}
+			// Not os.WriteFile: a cgroup directory refuses to create a
+			// file another controller has (EACCES), where open says ENOENT.
+			f, err := os.OpenFile(filepath.Join(d, w.file), os.O_WRONLY, 0)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err == nil {
+				_, err = f.WriteString(v)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("cgroup %s: set %s: %w", d, w.file, err)
+			}
+		}
+	}
+	return nil
+}
+
 // Stats are a few counters of the cgroup.
 type Stats struct {
 	MemoryBytes uint64

@@ -9,6 +9,7 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -38,10 +39,11 @@ type Boundary interface {
 	// runtime's exec: it returns the runtime's pid and the pids a graceful
 	// signal must spare.
 	Started(h *shim.Host, launcher int) (pid int, spare []int, err error)
+	// Stale reports whether the boundary, built ahead of its session (a
+	// warm one), would protect less than one built now.
+	Stale() (bool, error)
 	// Bind gives the boundary what is the session's own, from h's session
-	// and secrets, and lets the runtime exec. shim.ErrStaleBoundary: the
-	// boundary, built ahead of the session, would protect less than one
-	// built now; nothing was started.
+	// and secrets, and lets the runtime exec.
 	Bind(h *shim.Host) error
 	// Failed makes the start's error once a boundary that did not come up
 	// is killed and reaped.
@@ -197,6 +199,14 @@ func (p *prepared) kill(h *shim.Host) {
 // the session claimed): its log says how long it waited.
 func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
 	p.st.Waited()
+	if p.b != nil && p.execErr == "" {
+		if stale, err := p.b.Stale(); err != nil {
+			p.Discard(h)
+			return nil, shim.SandboxSetupError(fmt.Errorf("check the protected names: %w", err))
+		} else if stale {
+			return nil, shim.ErrStaleBoundary // the caller discards it
+		}
+	}
 	return p.start(h)
 }
 
@@ -214,9 +224,6 @@ func (p *prepared) start(h *shim.Host) (shim.Run, error) {
 		p.execErr = execErr
 	} else if p.execErr == "" {
 		if err := p.b.Bind(h); err != nil {
-			if errors.Is(err, shim.ErrStaleBoundary) {
-				return nil, err // the caller discards it
-			}
 			p.Discard(h)
 			return nil, shim.SandboxSetupError(err)
 		}

@@ -49,9 +49,8 @@ type vmRun struct {
 	network *vmnet.Network
 	netL    net.Listener
 	// inject puts the run's secrets on the wire, for a run with secrets;
-	// the guest trusts sessionCA, its CA.
+	// the guest trusts its CA.
 	inject     *shim.Injector
-	sessionCA  string
 	h          *shim.Host
 	violations *shim.Violations
 	// plan protects the writable shares; shares holds each share's binds
@@ -68,6 +67,7 @@ type vmRun struct {
 	dialer   vmtransport.Dialer
 	client   *ttrpc.Client
 	agent    vmagentv1.VMAgentService
+	st       *shim.Steps // the start's, from Prepare on
 
 	mu      sync.Mutex // guards qemuErr
 	qemuErr strings.Builder
@@ -76,14 +76,36 @@ type vmRun struct {
 // Runner runs microsandbox sessions: a VM per run.
 type Runner struct{}
 
-// Start boots the session's VM and runs the runtime in it.
-func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
+// Start boots the session's VM (Prepare) and runs the runtime in it.
+func (Runner) Start(h *shim.Host) (shim.Run, error) {
+	vm, err := prepare(h, false)
+	if err != nil {
+		return nil, err
+	}
+	return vm.start(h)
+}
+
+// Prepare boots the VM and sets its guest up from what the session shares
+// with its agent (the image, the shares, the network policy, the size):
+// a warm VM, whose guest agent waits for the runtime. Start binds the
+// rest: the secrets (the injector on the VM's network, the session CA in
+// the guest's trust store), the command and env.
+func (Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
+	vm, err := prepare(h, true)
+	if err != nil {
+		return nil, err
+	}
+	return vm, nil
+}
+
+// prepare boots the VM and sets its guest up; with settle, Setup answers
+// once the guest is idle (a warm VM).
+func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	spec := h.Session().Spec
-	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h}
-	st := shim.NewSteps()
+	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h, st: shim.NewSteps()}
 	defer func() {
 		if retErr != nil {
-			vm.stop()
+			vm.abort()
 		}
 	}()
 	var err error
@@ -95,13 +117,6 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	}
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
 		return nil, shim.SandboxSetupError(err)
-	}
-	if len(h.Secrets()) > 0 {
-		in, caPEM, err := h.StartInjector(spec.Sandbox.TrustedCAPEM)
-		if err != nil {
-			return nil, shim.SandboxSetupError(err)
-		}
-		vm.inject, vm.sessionCA = in, string(caPEM)
 	}
 	if err := vm.startNetwork(); err != nil {
 		return nil, shim.SandboxSetupError(err)
@@ -115,7 +130,7 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 		}
 	}
 	vm.plan.CloseBinds()
-	st.Done("devices")
+	vm.st.Done("devices")
 
 	// QEMU's stderr tells why it failed, when it does.
 	stderrR, stderrW, err := os.Pipe()
@@ -152,46 +167,106 @@ func (Runner) Start(h *shim.Host) (_ shim.Run, retErr error) {
 	exited := make(chan struct{})
 	go func() { vm.status = <-exitStatus; close(exited) }()
 	vm.launcher, vm.exited = launcher, exited
-	st.Done("qemu")
-	fail := func(err error) (shim.Run, error) {
-		h.Signal(launcher, syscall.SIGKILL)
-		<-exited
-		if msg := vm.qemuErrors(); msg != "" {
-			err = fmt.Errorf("%w; qemu: %s", err, msg)
-		}
-		return nil, shim.SandboxSetupError(err)
-	}
+	vm.st.Done("qemu")
 	if err := vm.connect(exited); err != nil {
-		return fail(err)
+		return nil, vm.withQEMUErrors(err)
 	}
-	st.Done("boot")
+	vm.st.Done("boot")
 	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
 	defer cancel()
-	if _, err := vm.agent.Setup(ctx, vm.setupRequest()); err != nil {
-		return fail(fmt.Errorf("guest setup: %w", err))
+	if _, err := vm.agent.Setup(ctx, vm.setupRequest(settle)); err != nil {
+		return nil, vm.withQEMUErrors(fmt.Errorf("guest setup: %w", err))
 	}
-	st.Done("setup")
+	vm.st.Done("setup")
+	return vm, nil
+}
 
-	stdin, stdout, stderr, err := vm.openStdio(ctx)
-	if err != nil {
-		return fail(err)
+// Start is start for a VM booted ahead of its session (a warm VM the
+// session claimed): its log says how long it waited.
+func (vm *vmRun) Start(h *shim.Host) (shim.Run, error) {
+	vm.st.Waited()
+	// A repository made in a share since the VM was set up would be
+	// writable from the guest: the caller builds the VM again.
+	if stale, err := vm.plan.Stale(); err != nil {
+		vm.abort()
+		return nil, shim.SandboxSetupError(fmt.Errorf("check the protected names: %w", err))
+	} else if stale {
+		return nil, shim.ErrStaleBoundary
 	}
+	return vm.start(h)
+}
+
+// start binds what is the session's own (h's session as it is now, and
+// its secrets) and starts the runtime in the guest.
+func (vm *vmRun) start(h *shim.Host) (_ shim.Run, retErr error) {
+	defer func() {
+		if retErr != nil {
+			vm.abort()
+		}
+	}()
+	spec := h.Session().Spec
+	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
+	defer cancel()
 	env := spec.Env
-	if vm.inject != nil {
+	if len(h.Secrets()) > 0 {
+		// Their connections go to agentconnect-inject, whose session CA
+		// the guest trusts from now on: its runtime has not started.
+		in, caPEM, err := h.StartInjector(spec.Sandbox.TrustedCAPEM)
+		if err != nil {
+			return nil, shim.SandboxSetupError(err)
+		}
+		vm.inject = in
+		vm.network.SetInterceptor(in)
+		if _, err := vm.agent.Trust(ctx, &vmagentv1.TrustRequest{SessionCaPem: string(caPEM)}); err != nil {
+			return nil, vm.withQEMUErrors(fmt.Errorf("guest trust: %w", err))
+		}
 		env = session.MergeEnv(env, session.CAEnv())
 	}
+	vm.st.Done("bind")
+	stdin, stdout, stderr, err := vm.openStdio(ctx)
+	if err != nil {
+		return nil, vm.withQEMUErrors(err)
+	}
+	vm.st.Done("stdio")
 	if _, err := vm.agent.Exec(ctx, &vmagentv1.ExecRequest{Id: runtimeID, Args: spec.Command, Env: env, Cwd: spec.Workspace,
 		Stdin: true, Stdout: true, Stderr: true, User: session.VMRuntimeUser, Uid: session.VMRuntimeUID}); err != nil {
 		stdin.Close()
 		stdout.Close()
 		stderr.Close()
-		return fail(fmt.Errorf("start the runtime in the guest: %w", err))
+		return nil, vm.withQEMUErrors(fmt.Errorf("start the runtime in the guest: %w", err))
 	}
+	vm.st.Done("exec")
 	vm.copiers.Add(2)
 	go h.CopyOutput(stdout, outputlog.Stdout, &vm.copiers)
 	go h.CopyOutput(stderr, outputlog.Stderr, &vm.copiers)
-	h.Running(vm, launcher, stdin, st, logrus.Fields{"launcher": launcher})
+	h.Running(vm, vm.launcher, stdin, vm.st, logrus.Fields{"launcher": vm.launcher})
 	return vm, nil
+}
+
+// Discard ends a VM that no session will run in.
+func (vm *vmRun) Discard(h *shim.Host) { vm.abort() }
+
+// abort ends a run whose runtime did not start: QEMU, if it runs, then the
+// host side.
+func (vm *vmRun) abort() {
+	if vm.exited != nil {
+		vm.killQEMU()
+		<-vm.exited
+	}
+	vm.stop()
+}
+
+// withQEMUErrors is err as a sandbox setup error, with what QEMU said once
+// it is gone (abort waits for that first).
+func (vm *vmRun) withQEMUErrors(err error) error {
+	if vm.exited != nil {
+		vm.killQEMU()
+		<-vm.exited
+	}
+	if msg := vm.qemuErrors(); msg != "" {
+		err = fmt.Errorf("%w; qemu: %s", err, msg)
+	}
+	return shim.SandboxSetupError(err)
 }
 
 // Signal passes a signal to the runtime in the guest (all: every process
@@ -238,9 +313,6 @@ func (vm *vmRun) startNetwork() error {
 		Resolver:    netpolicy.Resolver(sb.Resolver),
 		OnViolation: vm.violations.Add,
 		Logf:        vm.h.Log().Debugf,
-	}
-	if vm.inject != nil {
-		cfg.Interceptor = vm.inject
 	}
 	vm.network, err = vmnet.New(cfg)
 	if err != nil {
@@ -438,13 +510,13 @@ func (vm *vmRun) connect(qemuExit <-chan struct{}) error {
 	}
 }
 
-func (vm *vmRun) setupRequest() *vmagentv1.SetupRequest {
+func (vm *vmRun) setupRequest(settle bool) *vmagentv1.SetupRequest {
 	req := &vmagentv1.SetupRequest{
-		Root:         &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
-		Upper:        &vmagentv1.Disk{Serial: microvm.DiskUpper},
-		Docker:       &vmagentv1.Disk{Serial: microvm.DiskDocker},
-		Network:      &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
-		SessionCaPem: vm.sessionCA,
+		Root:    &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
+		Upper:   &vmagentv1.Disk{Serial: microvm.DiskUpper},
+		Docker:  &vmagentv1.Disk{Serial: microvm.DiskDocker},
+		Network: &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
+		Settle:  settle,
 	}
 	for _, sh := range vm.cfg.Shares {
 		req.Shares = append(req.Shares, &vmagentv1.Share{Tag: sh.Tag, Target: sh.Target, Readonly: sh.ReadOnly})

@@ -345,17 +345,14 @@ func (r *srtRun) receiveListeners() bool {
 	return true
 }
 
+// Stale reports whether a repository appeared in the sandbox's roots since
+// it was built: a start now would protect it.
+func (r *srtRun) Stale() (bool, error) { return r.boundary.Stale() }
+
 // Bind gives the sandbox the session's own: its secrets (agentconnect-inject,
 // whose session CA the trust store gains), the proxy on the listeners, and
-// the runtime's command and environment, which sandbox-exec then execs. A
-// sandbox built before a repository appeared in its roots is stale: a start
-// now would protect the repository.
+// the runtime's command and environment, which sandbox-exec then execs.
 func (r *srtRun) Bind(h *shim.Host) error {
-	if stale, err := r.boundary.Stale(); err != nil {
-		return fmt.Errorf("check the protected names: %w", err)
-	} else if stale {
-		return shim.ErrStaleBoundary
-	}
 	spec := h.Session().Spec
 	// Its only network is the proxy: the proxy variables point at it.
 	env := session.MergeEnv(spec.Env, sandbox.ProxyEnv())

@@ -39,9 +39,10 @@ type Agent struct {
 	DeniedDomains   []string  `json:"deniedDomains"`
 	NestedSandbox   bool      `json:"nestedSandbox"`
 	Resources       Resources `json:"resources"`
-	// Warm is how many boundaries (host, srt) the daemon keeps built ahead
-	// for the agent's sessions: a session claims one and binds its command,
-	// env and secrets then (see the supervisor's warm pool).
+	// Warm is how many boundaries (a host process, an srt sandbox, a booted
+	// microsandbox VM) the daemon keeps built ahead for the agent's
+	// sessions: a session claims one and binds its command, env and secrets
+	// then (see the supervisor's warm pool).
 	Warm      int       `json:"warm,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	// RunInSandbox is the setting of agents made before strategies existed.

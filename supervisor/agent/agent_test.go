@@ -114,7 +114,6 @@ func TestValidate(t *testing.T) {
 		{name: "warm srt", mod: func(a *Agent) { a.Strategy, a.Warm = "srt", MaxWarm }},
 		{name: "warm too many", mod: func(a *Agent) { a.Warm = MaxWarm + 1 }, wantErr: "warm 17: want 0 to 16"},
 		{name: "warm negative", mod: func(a *Agent) { a.Warm = -1 }, wantErr: "warm -1"},
-		{name: "warm microsandbox", mod: func(a *Agent) { a.Strategy, a.Warm = "microsandbox", 1 }, wantErr: "warm boundaries are built for host and srt"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := base()

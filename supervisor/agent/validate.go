@@ -407,18 +407,14 @@ func ValidateDomain(d string) (string, error) {
 	return entry, nil
 }
 
-// MaxWarm bounds an agent's warm boundaries: each is a shim (and for srt
-// a sandbox) kept alive.
+// MaxWarm bounds an agent's warm boundaries: each is a shim kept alive
+// with its sandbox (srt) or its booted VM (microsandbox, memoryMiB each).
 const MaxWarm = 16
 
-// validateWarm checks the warm boundaries a asks for: host and srt build
-// them.
+// validateWarm checks the warm boundaries a asks for.
 func validateWarm(a *Agent) error {
-	switch {
-	case a.Warm < 0 || a.Warm > MaxWarm:
+	if a.Warm < 0 || a.Warm > MaxWarm {
 		return errdefs.InvalidArgument("agent %s: warm %d: want 0 to %d", a.Name, a.Warm, MaxWarm)
-	case a.Warm > 0 && a.Strategy == strategy.Microsandbox:
-		return errdefs.InvalidArgument("agent %s: --warm: warm boundaries are built for host and srt sessions; a microsandbox agent starts each VM when its session starts (use --warm 0)", a.Name)
 	}
 	return nil
 }

@@ -47,6 +47,31 @@ func TestSessionCgroupLimits(t *testing.T) {
 		t.Errorf("found %d of the pids, memory and cpu limit files in %v", found, cg.Dirs)
 	}
 
+	// A warm boundary's build yields the CPU, and a claim gives it back.
+	for _, background := range []bool{true, false} {
+		if err := cg.SetBackground(background); err != nil {
+			t.Fatal(err)
+		}
+		weights := map[string]string{"cpu.shares": "1024", "cpu.weight": "100"}
+		if background {
+			weights = map[string]string{"cpu.shares": "2", "cpu.weight": "1"}
+		}
+		set := 0
+		for _, d := range cg.Dirs {
+			for file, v := range weights {
+				if data, err := os.ReadFile(filepath.Join(d, file)); err == nil {
+					set++
+					if got := strings.TrimSpace(string(data)); got != v {
+						t.Errorf("SetBackground(%v): %s/%s = %q, want %q", background, d, file, got, v)
+					}
+				}
+			}
+		}
+		if set == 0 {
+			t.Errorf("SetBackground(%v): no cpu weight file in %v", background, cg.Dirs)
+		}
+	}
+
 	// A process added to the cgroup is listed, killed and the cgroup removed.
 	p, err := os.StartProcess("/bin/sleep", []string{"sleep", "60"}, &os.ProcAttr{})
 	if err != nil {

@@ -305,11 +305,10 @@ type SetupRequest struct {
 	Docker  *Disk                  `protobuf:"bytes,3,opt,name=docker,proto3" json:"docker,omitempty"` // writable: mounted at /var/lib/docker
 	Shares  []*Share               `protobuf:"bytes,4,rep,name=shares,proto3" json:"shares,omitempty"`
 	Network *Network               `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
-	// A CA certificate (PEM) the guest trusts besides its system store: the
-	// session CA its network intercepts the hosts of the session's secrets
-	// with. Written to /run/agentconnect/ca-bundle.pem with the system's
-	// certificates, and bound over the system bundle for this boot only.
-	SessionCaPem  string `protobuf:"bytes,6,opt,name=session_ca_pem,json=sessionCaPem,proto3" json:"session_ca_pem,omitempty"`
+	// Answer once the programs Setup warms (see the guest agent's warm.go)
+	// have run, not while they run: a warm VM is ready when its guest is
+	// idle, so that the session claiming it does not wait for them.
+	Settle        bool `protobuf:"varint,7,opt,name=settle,proto3" json:"settle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -379,11 +378,11 @@ func (x *SetupRequest) GetNetwork() *Network {
 	return nil
 }
 
-func (x *SetupRequest) GetSessionCaPem() string {
+func (x *SetupRequest) GetSettle() bool {
 	if x != nil {
-		return x.SessionCaPem
+		return x.Settle
 	}
-	return ""
+	return false
 }
 
 type SetupResponse struct {
@@ -422,6 +421,89 @@ func (*SetupResponse) Descriptor() ([]byte, []int) {
 	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{6}
 }
 
+type TrustRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A CA certificate (PEM) the guest trusts besides its system store.
+	// Written to /run/agentconnect/ca-bundle.pem with the system's
+	// certificates, and bound over the system bundle for this boot only.
+	SessionCaPem  string `protobuf:"bytes,1,opt,name=session_ca_pem,json=sessionCaPem,proto3" json:"session_ca_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustRequest) Reset() {
+	*x = TrustRequest{}
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustRequest) ProtoMessage() {}
+
+func (x *TrustRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
+func (*TrustRequest) Descriptor() ([]byte, []int) {
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TrustRequest) GetSessionCaPem() string {
+	if x != nil {
+		return x.SessionCaPem
+	}
+	return ""
+}
+
+type TrustResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustResponse) Reset() {
+	*x = TrustResponse{}
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustResponse) ProtoMessage() {}
+
+func (x *TrustResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustResponse.ProtoReflect.Descriptor instead.
+func (*TrustResponse) Descriptor() ([]byte, []int) {
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{8}
+}
+
 type ExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -450,7 +532,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[7]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +544,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[7]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +557,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{7}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecRequest) GetId() string {
@@ -550,7 +632,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[8]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +644,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[8]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +657,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{8}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -596,7 +678,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[9]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +690,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[9]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +703,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{9}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -653,7 +735,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[10]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +747,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[10]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +760,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{10}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{12}
 }
 
 type WaitRequest struct {
@@ -690,7 +772,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[11]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +784,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[11]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +797,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{11}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WaitRequest) GetId() string {
@@ -735,7 +817,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[12]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +829,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[12]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +842,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{12}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -785,7 +867,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[13]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +879,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[13]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +892,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{13}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{15}
 }
 
 type ShutdownResponse struct {
@@ -821,7 +903,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[14]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +915,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[14]
+	mi := &file_api_vmagent_v1_vmagent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +928,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{14}
+	return file_api_vmagent_v1_vmagent_proto_rawDescGZIP(), []int{16}
 }
 
 var File_api_vmagent_v1_vmagent_proto protoreflect.FileDescriptor
@@ -869,15 +951,18 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\aNetwork\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xc7\x02\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xbf\x02\n" +
 	"\fSetupRequest\x121\n" +
 	"\x04root\x18\x01 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x04root\x123\n" +
 	"\x05upper\x18\x02 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x05upper\x125\n" +
 	"\x06docker\x18\x03 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x06docker\x126\n" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
-	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12$\n" +
-	"\x0esession_ca_pem\x18\x06 \x01(\tR\fsessionCaPem\"\x0f\n" +
-	"\rSetupResponse\"\xc1\x01\n" +
+	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12\x16\n" +
+	"\x06settle\x18\a \x01(\bR\x06settleJ\x04\b\x06\x10\a\"\x0f\n" +
+	"\rSetupResponse\"4\n" +
+	"\fTrustRequest\x12$\n" +
+	"\x0esession_ca_pem\x18\x01 \x01(\tR\fsessionCaPem\"\x0f\n" +
+	"\rTrustResponse\"\xc1\x01\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -901,10 +986,11 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\xa2\x04\n" +
+	"\x10ShutdownResponse2\xfa\x04\n" +
 	"\aVMAgent\x12Y\n" +
 	"\x06Health\x12&.agentconnect.vmagent.v1.HealthRequest\x1a'.agentconnect.vmagent.v1.HealthResponse\x12V\n" +
-	"\x05Setup\x12%.agentconnect.vmagent.v1.SetupRequest\x1a&.agentconnect.vmagent.v1.SetupResponse\x12S\n" +
+	"\x05Setup\x12%.agentconnect.vmagent.v1.SetupRequest\x1a&.agentconnect.vmagent.v1.SetupResponse\x12V\n" +
+	"\x05Trust\x12%.agentconnect.vmagent.v1.TrustRequest\x1a&.agentconnect.vmagent.v1.TrustResponse\x12S\n" +
 	"\x04Exec\x12$.agentconnect.vmagent.v1.ExecRequest\x1a%.agentconnect.vmagent.v1.ExecResponse\x12Y\n" +
 	"\x06Signal\x12&.agentconnect.vmagent.v1.SignalRequest\x1a'.agentconnect.vmagent.v1.SignalResponse\x12S\n" +
 	"\x04Wait\x12$.agentconnect.vmagent.v1.WaitRequest\x1a%.agentconnect.vmagent.v1.WaitResponse\x12_\n" +
@@ -922,7 +1008,7 @@ func file_api_vmagent_v1_vmagent_proto_rawDescGZIP() []byte {
 	return file_api_vmagent_v1_vmagent_proto_rawDescData
 }
 
-var file_api_vmagent_v1_vmagent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_api_vmagent_v1_vmagent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_api_vmagent_v1_vmagent_proto_goTypes = []any{
 	(*HealthRequest)(nil),    // 0: agentconnect.vmagent.v1.HealthRequest
 	(*HealthResponse)(nil),   // 1: agentconnect.vmagent.v1.HealthResponse
@@ -931,14 +1017,16 @@ var file_api_vmagent_v1_vmagent_proto_goTypes = []any{
 	(*Network)(nil),          // 4: agentconnect.vmagent.v1.Network
 	(*SetupRequest)(nil),     // 5: agentconnect.vmagent.v1.SetupRequest
 	(*SetupResponse)(nil),    // 6: agentconnect.vmagent.v1.SetupResponse
-	(*ExecRequest)(nil),      // 7: agentconnect.vmagent.v1.ExecRequest
-	(*ExecResponse)(nil),     // 8: agentconnect.vmagent.v1.ExecResponse
-	(*SignalRequest)(nil),    // 9: agentconnect.vmagent.v1.SignalRequest
-	(*SignalResponse)(nil),   // 10: agentconnect.vmagent.v1.SignalResponse
-	(*WaitRequest)(nil),      // 11: agentconnect.vmagent.v1.WaitRequest
-	(*WaitResponse)(nil),     // 12: agentconnect.vmagent.v1.WaitResponse
-	(*ShutdownRequest)(nil),  // 13: agentconnect.vmagent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 14: agentconnect.vmagent.v1.ShutdownResponse
+	(*TrustRequest)(nil),     // 7: agentconnect.vmagent.v1.TrustRequest
+	(*TrustResponse)(nil),    // 8: agentconnect.vmagent.v1.TrustResponse
+	(*ExecRequest)(nil),      // 9: agentconnect.vmagent.v1.ExecRequest
+	(*ExecResponse)(nil),     // 10: agentconnect.vmagent.v1.ExecResponse
+	(*SignalRequest)(nil),    // 11: agentconnect.vmagent.v1.SignalRequest
+	(*SignalResponse)(nil),   // 12: agentconnect.vmagent.v1.SignalResponse
+	(*WaitRequest)(nil),      // 13: agentconnect.vmagent.v1.WaitRequest
+	(*WaitResponse)(nil),     // 14: agentconnect.vmagent.v1.WaitResponse
+	(*ShutdownRequest)(nil),  // 15: agentconnect.vmagent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil), // 16: agentconnect.vmagent.v1.ShutdownResponse
 }
 var file_api_vmagent_v1_vmagent_proto_depIdxs = []int32{
 	2,  // 0: agentconnect.vmagent.v1.SetupRequest.root:type_name -> agentconnect.vmagent.v1.Disk
@@ -948,18 +1036,20 @@ var file_api_vmagent_v1_vmagent_proto_depIdxs = []int32{
 	4,  // 4: agentconnect.vmagent.v1.SetupRequest.network:type_name -> agentconnect.vmagent.v1.Network
 	0,  // 5: agentconnect.vmagent.v1.VMAgent.Health:input_type -> agentconnect.vmagent.v1.HealthRequest
 	5,  // 6: agentconnect.vmagent.v1.VMAgent.Setup:input_type -> agentconnect.vmagent.v1.SetupRequest
-	7,  // 7: agentconnect.vmagent.v1.VMAgent.Exec:input_type -> agentconnect.vmagent.v1.ExecRequest
-	9,  // 8: agentconnect.vmagent.v1.VMAgent.Signal:input_type -> agentconnect.vmagent.v1.SignalRequest
-	11, // 9: agentconnect.vmagent.v1.VMAgent.Wait:input_type -> agentconnect.vmagent.v1.WaitRequest
-	13, // 10: agentconnect.vmagent.v1.VMAgent.Shutdown:input_type -> agentconnect.vmagent.v1.ShutdownRequest
-	1,  // 11: agentconnect.vmagent.v1.VMAgent.Health:output_type -> agentconnect.vmagent.v1.HealthResponse
-	6,  // 12: agentconnect.vmagent.v1.VMAgent.Setup:output_type -> agentconnect.vmagent.v1.SetupResponse
-	8,  // 13: agentconnect.vmagent.v1.VMAgent.Exec:output_type -> agentconnect.vmagent.v1.ExecResponse
-	10, // 14: agentconnect.vmagent.v1.VMAgent.Signal:output_type -> agentconnect.vmagent.v1.SignalResponse
-	12, // 15: agentconnect.vmagent.v1.VMAgent.Wait:output_type -> agentconnect.vmagent.v1.WaitResponse
-	14, // 16: agentconnect.vmagent.v1.VMAgent.Shutdown:output_type -> agentconnect.vmagent.v1.ShutdownResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
+	7,  // 7: agentconnect.vmagent.v1.VMAgent.Trust:input_type -> agentconnect.vmagent.v1.TrustRequest
+	9,  // 8: agentconnect.vmagent.v1.VMAgent.Exec:input_type -> agentconnect.vmagent.v1.ExecRequest
+	11, // 9: agentconnect.vmagent.v1.VMAgent.Signal:input_type -> agentconnect.vmagent.v1.SignalRequest
+	13, // 10: agentconnect.vmagent.v1.VMAgent.Wait:input_type -> agentconnect.vmagent.v1.WaitRequest
+	15, // 11: agentconnect.vmagent.v1.VMAgent.Shutdown:input_type -> agentconnect.vmagent.v1.ShutdownRequest
+	1,  // 12: agentconnect.vmagent.v1.VMAgent.Health:output_type -> agentconnect.vmagent.v1.HealthResponse
+	6,  // 13: agentconnect.vmagent.v1.VMAgent.Setup:output_type -> agentconnect.vmagent.v1.SetupResponse
+	8,  // 14: agentconnect.vmagent.v1.VMAgent.Trust:output_type -> agentconnect.vmagent.v1.TrustResponse
+	10, // 15: agentconnect.vmagent.v1.VMAgent.Exec:output_type -> agentconnect.vmagent.v1.ExecResponse
+	12, // 16: agentconnect.vmagent.v1.VMAgent.Signal:output_type -> agentconnect.vmagent.v1.SignalResponse
+	14, // 17: agentconnect.vmagent.v1.VMAgent.Wait:output_type -> agentconnect.vmagent.v1.WaitResponse
+	16, // 18: agentconnect.vmagent.v1.VMAgent.Shutdown:output_type -> agentconnect.vmagent.v1.ShutdownResponse
+	12, // [12:19] is the sub-list for method output_type
+	5,  // [5:12] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -976,7 +1066,7 @@ func file_api_vmagent_v1_vmagent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_vmagent_v1_vmagent_proto_rawDesc), len(file_api_vmagent_v1_vmagent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -10,6 +10,7 @@ import (
 type VMAgentService interface {
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	Setup(context.Context, *SetupRequest) (*SetupResponse, error)
+	Trust(context.Context, *TrustRequest) (*TrustResponse, error)
 	Exec(context.Context, *ExecRequest) (*ExecResponse, error)
 	Signal(context.Context, *SignalRequest) (*SignalResponse, error)
 	Wait(context.Context, *WaitRequest) (*WaitResponse, error)
@@ -32,6 +33,13 @@ func RegisterVMAgentService(srv *ttrpc.Server, svc VMAgentService) {
 					return nil, err
 				}
 				return svc.Setup(ctx, &req)
+			},
+			"Trust": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req TrustRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Trust(ctx, &req)
 			},
 			"Exec": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ExecRequest
@@ -86,6 +94,14 @@ func (c *vmagentClient) Health(ctx context.Context, req *HealthRequest) (*Health
 func (c *vmagentClient) Setup(ctx context.Context, req *SetupRequest) (*SetupResponse, error) {
 	var resp SetupResponse
 	if err := c.client.Call(ctx, "agentconnect.vmagent.v1.VMAgent", "Setup", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *vmagentClient) Trust(ctx context.Context, req *TrustRequest) (*TrustResponse, error) {
+	var resp TrustResponse
+	if err := c.client.Call(ctx, "agentconnect.vmagent.v1.VMAgent", "Trust", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

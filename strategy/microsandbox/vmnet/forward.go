@@ -70,13 +70,13 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		host.Close()
 	})
 	defer stop()
-	if hosts := n.bound(dst, target.Addr(), port); len(hosts) > 0 {
+	if hosts, in := n.bound(dst, target.Addr(), port); len(hosts) > 0 {
 		// The interceptor takes connections with a descriptor, which the
 		// guest's (a gVisor endpoint) has not: it gets one end of a socket
 		// pair, and the guest's is spliced to the other.
 		var err error
 		var served <-chan struct{}
-		if host, served, err = n.intercept(host, hosts, port); err != nil {
+		if host, served, err = n.intercept(in, host, hosts, port); err != nil {
 			n.logf("vmnet: tcp %s: %v", target, err)
 			guest.Close()
 			return
@@ -88,11 +88,11 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 	}
 }
 
-// intercept hands upstream to the Interceptor with one end of a socket
+// intercept hands upstream to in with one end of a socket
 // pair for the guest's side, and returns the other end; served is closed
 // once the Interceptor returned (it may serve the connection itself) and
 // the network's copies are closed.
-func (n *Network) intercept(upstream net.Conn, hosts []string, port int) (_ net.Conn, served <-chan struct{}, _ error) {
+func (n *Network) intercept(in Interceptor, upstream net.Conn, hosts []string, port int) (_ net.Conn, served <-chan struct{}, _ error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		upstream.Close()
@@ -116,7 +116,7 @@ func (n *Network) intercept(upstream net.Conn, hosts []string, port int) (_ net.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n.cfg.Interceptor.Intercept(n.ctx, conns[1], nil, upstream, hosts, port)
+		in.Intercept(n.ctx, conns[1], nil, upstream, hosts, port)
 		conns[1].Close()
 		upstream.Close()
 	}()

@@ -20,8 +20,9 @@ import (
 // secret is bound to go through the Interceptor (a real injector here),
 // over TLS and, where the port is named, plain HTTP, with the value put on
 // the wire and its echo redacted; an allowed connection to an unbound port
-// is relayed untouched. The guest dials HostIP without resolving it: the
-// address is HostName all the same.
+// is relayed untouched, as is every connection before the interceptor is
+// set (a warm VM's network before its claim). The guest dials HostIP
+// without resolving it: the address is HostName all the same.
 func TestInterceptsBoundHosts(t *testing.T) {
 	const value, placeholder = "sk-real-value-42", "agentconnect-placeholder-0123456789abcdef0123456789abcdef"
 	got := make(chan string, 4)
@@ -50,7 +51,7 @@ func TestInterceptsBoundHosts(t *testing.T) {
 		allowed = append(allowed, "127.0.0.1:"+strconv.Itoa(p))
 	}
 	st := &setup{res: defaultResolver(), rec: &recorder{}}
-	st.attach(t, Config{Policy: mustPolicy(t, allowed, nil), Resolver: st.res, OnViolation: st.rec.add, Logf: t.Logf, Interceptor: in})
+	st.attach(t, Config{Policy: mustPolicy(t, allowed, nil), Resolver: st.res, OnViolation: st.rec.add, Logf: t.Logf})
 
 	trusted := x509.NewCertPool()
 	trusted.AppendCertsFromPEM(in.CACertPEM())
@@ -85,7 +86,16 @@ func TestInterceptsBoundHosts(t *testing.T) {
 		}
 	}
 
-	c, err := st.g.dialTCP(HostIP, tlsPort)
+	c, err := st.g.dialTCP(HostIP, plainPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := roundTrip(c, plainPort); code != 200 || body != "saw "+placeholder || <-got != placeholder {
+		t.Errorf("before SetInterceptor: %d %q, want the placeholder relayed untouched", code, body)
+	}
+	st.n.SetInterceptor(in)
+
+	c, err = st.g.dialTCP(HostIP, tlsPort)
 	if err != nil {
 		t.Fatal(err)
 	}

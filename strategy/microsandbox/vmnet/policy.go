@@ -81,10 +81,12 @@ func (n *Network) candidates(dst, addr netip.Addr) []string {
 }
 
 // bound are the candidates for dst:port (dialled at addr) that a secret is
-// bound to; HostIP is HostName, whether the guest resolved it or not.
-func (n *Network) bound(dst, addr netip.Addr, port int) []string {
-	if n.cfg.Interceptor == nil {
-		return nil
+// bound to, and the interceptor that binds them; HostIP is HostName,
+// whether the guest resolved it or not.
+func (n *Network) bound(dst, addr netip.Addr, port int) ([]string, Interceptor) {
+	ref := n.interceptor.Load()
+	if ref == nil {
+		return nil, nil
 	}
 	names := n.candidates(dst, addr)
 	if dst == hostAddr {
@@ -92,11 +94,11 @@ func (n *Network) bound(dst, addr netip.Addr, port int) []string {
 	}
 	var hosts []string
 	for _, h := range names {
-		if n.cfg.Interceptor.Binds(h, port) && !slices.Contains(hosts, h) {
+		if ref.Binds(h, port) && !slices.Contains(hosts, h) {
 			hosts = append(hosts, h)
 		}
 	}
-	return hosts
+	return hosts, ref.Interceptor
 }
 
 // nameCache remembers which names this network's DNS resolved to which

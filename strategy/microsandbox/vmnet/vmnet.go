@@ -35,6 +35,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -135,10 +136,6 @@ type Config struct {
 	// UDPIdleTimeout ends a UDP flow with no datagram either way for that
 	// long, which frees its slot; 0 means 60 s.
 	UDPIdleTimeout time.Duration
-	// Interceptor, if set, serves the allowed TCP connections to the
-	// hosts it binds (the hosts of the session's secrets); every other
-	// connection is relayed untouched.
-	Interceptor Interceptor
 }
 
 // Interceptor serves connections to the hosts it binds.
@@ -151,6 +148,8 @@ type Interceptor interface {
 	// network closes its copies of both then.
 	Intercept(ctx context.Context, client net.Conn, buffered []byte, upstream net.Conn, hosts []string, port int)
 }
+
+type interceptorRef struct{ Interceptor }
 
 // Network is one VM's network. Its methods are safe for concurrent use.
 type Network struct {
@@ -171,6 +170,10 @@ type Network struct {
 
 	dnsUDP *gonet.UDPConn
 	dnsTCP *gonet.TCPListener
+
+	// interceptor, once set (SetInterceptor), serves the allowed TCP
+	// connections to the hosts it binds.
+	interceptor atomic.Pointer[interceptorRef]
 
 	mu     sync.Mutex // guards the fields that follow and wg.Add
 	closed bool
@@ -314,6 +317,15 @@ func (n *Network) ServeQEMU(ctx context.Context, conn net.Conn) error {
 // Close stops the network: it detaches the VM, ends every forwarded
 // connection and the DNS server, and returns when all of the network's
 // goroutines have ended.
+// SetInterceptor makes in serve the allowed TCP connections to the hosts
+// it binds (the hosts of the session's secrets) from then on; every other
+// connection is relayed untouched. A warm VM's network runs before its
+// session, whose secrets come with the claim; the guest's runtime starts
+// after this.
+func (n *Network) SetInterceptor(in Interceptor) {
+	n.interceptor.Store(&interceptorRef{in})
+}
+
 func (n *Network) Close() error {
 	n.mu.Lock()
 	if n.closed {
