@@ -15,9 +15,10 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 )
 
-// readyTimeout bounds how long the bootstrap waits for the serving shim: it
-// only has to read session.json and write bootstrap.json.
-const readyTimeout = 10 * time.Second
+// defaultReadyTimeout bounds how long the bootstrap waits for the serving
+// shim: it only has to read session.json and write bootstrap.json, unless
+// it is warm (then the supervisor gives it longer).
+const defaultReadyTimeout = 10 * time.Second
 
 // The serving shim's inherited files.
 const (
@@ -27,7 +28,7 @@ const (
 
 // bootstrap listens on the socket, starts the long-lived shim with the
 // listener, waits for it to be ready and prints where it is.
-func bootstrap(dir, socket string, stdout io.Writer) (retErr error) {
+func bootstrap(dir, socket string, readyTimeout time.Duration, stdout io.Writer) (retErr error) {
 	os.Remove(socket) // a leftover of a shim that died; a live one has its own run number
 	l, err := net.Listen("unix", socket)
 	if err != nil {
@@ -80,7 +81,7 @@ func bootstrap(dir, socket string, stdout io.Writer) (retErr error) {
 		}
 	}()
 
-	ready, err := readReady(readyR)
+	ready, err := readReady(readyR, readyTimeout)
 	if err != nil {
 		return err
 	}
@@ -94,8 +95,8 @@ func bootstrap(dir, socket string, stdout io.Writer) (retErr error) {
 	return json.NewEncoder(stdout).Encode(ready)
 }
 
-func readReady(r *os.File) (shimv1.Ready, error) {
-	r.SetReadDeadline(time.Now().Add(readyTimeout))
+func readReady(r *os.File, timeout time.Duration) (shimv1.Ready, error) {
+	r.SetReadDeadline(time.Now().Add(timeout))
 	line, err := bufio.NewReader(r).ReadBytes('\n')
 	if err != nil {
 		return shimv1.Ready{}, fmt.Errorf("shim did not report ready: %w (see shim.log in the session directory)", err)

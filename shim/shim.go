@@ -45,7 +45,7 @@ type Config struct {
 
 // Main runs the shim with the arguments after the program name.
 func Main(args []string, stdout io.Writer, cfg Config) error {
-	usage := fmt.Sprintf("usage: %s start|serve --session-dir DIR --socket PATH", cfg.Name)
+	usage := fmt.Sprintf("usage: %s start|serve --session-dir DIR --socket PATH [--ready-timeout D]", cfg.Name)
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -58,6 +58,7 @@ func Main(args []string, stdout io.Writer, cfg Config) error {
 	fs := flag.NewFlagSet(cfg.Name+" "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")
 	socket := fs.String("socket", "", "the ttrpc socket path")
+	readyWait := fs.Duration("ready-timeout", defaultReadyTimeout, "start: how long to wait for the serving shim (a warm one is ready once its run is prepared)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -68,7 +69,7 @@ func Main(args []string, stdout io.Writer, cfg Config) error {
 	fds.CloseOnExec()
 	switch args[0] {
 	case "start":
-		return bootstrap(*dir, *socket, stdout)
+		return bootstrap(*dir, *socket, *readyWait, stdout)
 	case "serve":
 		return serve(*dir, *socket, cfg.Runners)
 	}

@@ -473,7 +473,11 @@ func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *sessi
 		return nil, nil, err
 	}
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
-	boot, err := s.bootstrapShim(ctx, dir, rec.Strategy, rec.Run, socket)
+	timeout := bootstrapTimeout
+	if rec.Warm {
+		timeout = warmBootstrapTimeout
+	}
+	boot, err := s.bootstrapShim(ctx, dir, rec.Strategy, rec.Run, socket, timeout)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -23,6 +23,13 @@ import (
 const (
 	// bootstrapTimeout bounds `agentconnect-shim start`.
 	bootstrapTimeout = 15 * time.Second
+	// warmBootstrapTimeout bounds it for a warm shim, which answers once
+	// its run is prepared: for a VM, booted (the shim allows two minutes),
+	// at background priority.
+	warmBootstrapTimeout = 3 * time.Minute
+	// readyMargin is what a bootstrap's own wait for its shim leaves of
+	// the bound.
+	readyMargin = 5 * time.Second
 	// dialTimeout bounds connecting to a shim and the handshake. A dead
 	// socket fails at once (no listener: ECONNREFUSED), never the 100 s
 	// containerd once paid; a live shim that was just started among
@@ -95,14 +102,16 @@ func (s *Supervisor) shimFor(n strategy.Name) (string, error) {
 
 // bootstrapShim runs `start` of the strategy's shim for a session run and
 // returns where the shim listens.
-func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string) (*session.Bootstrap, error) {
+func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string, timeout time.Duration) (*session.Bootstrap, error) {
 	shim, err := s.shimFor(n)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, shim, "start", "--session-dir", string(dir), "--socket", socket)
+	// The bootstrap gives up first, and stops the shim it started.
+	cmd := exec.CommandContext(ctx, shim, "start", "--session-dir", string(dir), "--socket", socket,
+		"--ready-timeout", (timeout - readyMargin).String())
 	// The shim needs nothing of the daemon's environment, and must not
 	// take its systemd variables (NOTIFY_SOCKET, LISTEN_FDS).
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
