@@ -253,3 +253,28 @@ func TestWarmSrtBindsLate(t *testing.T) {
 	}
 	d.restart()
 }
+
+// TestWarmVMStale: a repository made in the workspace after a warm VM was
+// set up is protected in the session that claims it all the same: the
+// stale VM is discarded and a new one booted, as a cold start would.
+func TestWarmVMStale(t *testing.T) {
+	requireMicrosandbox(t)
+	h, _ := startVMDaemon(t, "")
+	ok(t, h, "agent", "create", "w", "--strategy", "microsandbox", "--warm", "1", "--",
+		"sh", "-c", "echo x > late/.git/hooks/pre-commit && echo planted")
+	waitWarm(t, h, 1)
+	ws := filepath.Join(agentDir(t, h, "w"), "workspace")
+	if out, err := exec.Command("git", "init", "-q", filepath.Join(ws, "late")).CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v: %s", err, out)
+	}
+	before := sessionIDs(t, h)
+	r := run(t, h, "", "exec", "--keep", "w")
+	if strings.Contains(r.stdout, "planted") {
+		t.Errorf("a warm VM set up before late/.git let the session plant a hook: %+v", r)
+	}
+	for _, s := range sessionIDs(t, h) {
+		if !slices.Contains(before, s) && !strings.Contains(shimLog(h, s), "warm boundary stale") {
+			t.Errorf("session %s did not build its stale warm VM again; shim log:\n%s", s, shimLog(h, s))
+		}
+	}
+}
