@@ -107,6 +107,9 @@ type counts struct {
 	// VMMemoryMiB are the memoryMiB of the idle VM sessions whose host
 	// memory is read, one session each.
 	VMMemoryMiB []int `json:"vmMemoryMiB"`
+	// VMDensity bounds the idle VM sessions started to fill the density
+	// measurement's memory budget.
+	VMDensity int `json:"vmDensity"`
 }
 
 func scaled() counts {
@@ -129,6 +132,7 @@ func scaled() counts {
 		SrtConcurrent:   div(500, 10),
 		VMStarts:        div(10, 3),
 		VMMemoryMiB:     []int{512, 1024, 2048},
+		VMDensity:       div(120, 4),
 	}
 }
 
@@ -217,6 +221,7 @@ func run() int {
 		{"microsandbox", "microsandbox start", benchVMStart},
 		{"microsandbox", "warm microsandbox VMs", benchWarmVM},
 		{"microsandbox", "microsandbox session memory", benchVMMemory},
+		{"microsandbox", "idle VMs in 20 GiB", benchVMDensity},
 		{"microsandbox", "guest image", benchImage},
 		{"chat", "chat to the first streamed token", benchChat},
 	}
@@ -415,7 +420,7 @@ func (r *report) print(f *os.File) {
 		"host": fmt.Sprintf("host: %d starts, %d idle shims, %d sessions x %d restarts, %d execs",
 			c.Starts, c.Shims, c.RestartSessions, c.Restarts, c.Execs),
 		"srt":          fmt.Sprintf("srt: %d exec rounds, %d idle sessions, %d concurrent", c.SrtExecs, c.SrtSessions, c.SrtConcurrent),
-		"microsandbox": fmt.Sprintf("microsandbox: %d starts, one idle session at each memoryMiB of %v", c.VMStarts, c.VMMemoryMiB),
+		"microsandbox": fmt.Sprintf("microsandbox: %d starts, one idle session at each memoryMiB of %v, up to %d idle VMs in 20 GiB", c.VMStarts, c.VMMemoryMiB, c.VMDensity),
 	}
 	var ran []string
 	for _, g := range r.Groups {
