@@ -113,10 +113,7 @@ func (c *chaos) setUp() error {
 	}
 	for _, strategy := range c.strategies() {
 		name := agentOf[strategy]
-		args := []string{"agent", "create", name, "--strategy", strategy}
-		if strategy != "microsandbox" {
-			args = append(args, "--warm", strconv.Itoa(*flagWarm))
-		}
+		args := []string{"agent", "create", name, "--strategy", strategy, "--warm", strconv.Itoa(*flagWarm)}
 		if r := c.cli(30*time.Second, append(args, "--", "true")...); r.code != 0 {
 			return fmt.Errorf("agent create %s: exit %d: %s", name, r.code, strings.TrimSpace(r.stderr))
 		}

@@ -37,7 +37,7 @@ var (
 	flagSeed     = flag.Uint64("seed", 0, "the plan's random `SEED` (default: from the clock; printed either way)")
 	flagDuration = flag.Duration("duration", 8*time.Minute, "start no round after this `DURATION` (a round in flight finishes)")
 	flagVMEvery  = flag.Int("vm-every", 3, "a microsandbox session in every `N`th round (0: none)")
-	flagWarm     = flag.Int("warm", 1, "the host and srt agents keep `N` warm boundaries, built, claimed and discarded under the faults too")
+	flagWarm     = flag.Int("warm", 1, "every agent keeps `N` warm boundaries (for microsandbox, booted VMs), built, claimed and discarded under the faults too")
 	flagKeep     = flag.Bool("keep", false, "on failure, leave the daemon, its home and the loop filesystem as they are, to look at")
 )
 

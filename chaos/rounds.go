@@ -569,7 +569,7 @@ func (c *chaos) finish() string {
 		}
 	}
 	// The warm boundaries go with their agents' setting.
-	for _, strategy := range []string{"host", "srt"} {
+	for _, strategy := range c.strategies() {
 		if r := c.retry("agent", "edit", agentOf[strategy], "--warm", "0"); r.code != 0 {
 			return fmt.Sprintf("agent edit %s --warm 0: exit %d: %s", agentOf[strategy], r.code, strings.TrimSpace(r.stderr))
 		}
@@ -579,6 +579,18 @@ func (c *chaos) finish() string {
 	}
 	if left := c.leftProcesses(nil, 10*time.Second); left != "" {
 		return left
+	}
+	// Every session is removed and every warm boundary discarded: their
+	// directories, and their VMs', are gone.
+	layout := home.Layout{Root: c.home}
+	for _, dir := range []string{layout.SessionsDir(), layout.VMsDir()} {
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			return fmt.Sprintf("%s holds %d entries after every session was removed: %s", dir, len(entries), leftovers.Brief(names, 4))
+		}
 	}
 	// No boundary runs any more: every placeholder is gone.
 	return c.agentLeftovers(false)
