@@ -358,11 +358,7 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	var warm *warmShim
 	if warmable(ag) {
 		warm = s.claimWarm(ag, spec)
-		refillAfter := ""
-		defer func() { s.refillWarm(ag.ID, refillAfter) }()
-		if warm != nil {
-			refillAfter = warm.dir.OutputPath()
-		}
+		defer s.refillWarm(ag.ID, warm)
 	}
 	var dir session.Dir
 	var rec *session.Record

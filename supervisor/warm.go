@@ -107,16 +107,17 @@ func (s *Supervisor) fillWarm(agentID string) {
 // session that claimed a warm boundary.
 const refillWait = time.Second
 
-// refillWarm refills the agent's warm boundaries: once the output log at
-// firstOutput (the session that claimed one; "": none) has its first
-// byte, or after refillWait. The first moments of a claimed session are
-// what its user waits for, and a build (a VM's boot takes a core for
-// seconds) would slow them.
-func (s *Supervisor) refillWarm(agentID, firstOutput string) {
-	if firstOutput == "" {
+// refillWarm refills the agent's warm boundaries: at once when a start
+// claimed none (claimed nil), else once the claiming session's output log
+// has its first byte, or after refillWait. The first moments of a claimed
+// session are what its user waits for, and a build (a VM's boot takes a
+// core for seconds) would slow them.
+func (s *Supervisor) refillWarm(agentID string, claimed *warmShim) {
+	if claimed == nil {
 		s.fillWarm(agentID)
 		return
 	}
+	firstOutput := claimed.dir.OutputPath()
 	go func() {
 		deadline := time.Now().Add(refillWait)
 		for time.Now().Before(deadline) && s.ctx.Err() == nil {
