@@ -53,6 +53,11 @@ type Prepared interface {
 	Discard(h *Host)
 }
 
+// LauncherPath is the PATH of what a boundary starts around the runtime
+// (bwrap, QEMU, virtiofsd): the system's tools. The runtime gets its own
+// environment with its command.
+const LauncherPath = "/usr/sbin:/usr/bin:/sbin:/bin"
+
 // ErrStaleBoundary is Prepared.Start's error for a run prepared before the
 // workspace changed in a way that a start now would protect (a repository
 // made since): the shim then discards it and starts afresh.

@@ -87,7 +87,7 @@ func runDockerd(dockerd string, sock *os.File, logf func(string, ...any)) {
 	defer null.Close()
 	p, err := os.StartProcess("/bin/sh", []string{"sh", "-c", `LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" -H fd:// --group docker`, dockerd}, &os.ProcAttr{
 		Dir:   "/",
-		Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env:   []string{"PATH=" + defaultPath},
 		Files: []*os.File{null, log, log, sock},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})

@@ -151,7 +151,7 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 		return nil, err
 	}
 	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
-	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
 		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
 	devnull.Close()
 	stderrW.Close()
@@ -432,7 +432,7 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
 	attr := &os.ProcAttr{Files: append([]*os.File{nil, msgW, msgW}, files...),
-		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env: []string{"PATH=" + shim.LauncherPath},
 		Sys: &syscall.SysProcAttr{
 			Cloneflags:                 syscall.CLONE_NEWUSER,
 			UidMappings:                microvm.ShareIDMap(session.VMRuntimeUID, st.Uid),

@@ -34,10 +34,6 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy/srt/seccomp"
 )
 
-// launcherPath is bwrap's and sandbox-exec's PATH: neither looks anything
-// up; the runtime gets its own environment with its command (Bind).
-const launcherPath = "/usr/sbin:/usr/bin:/sbin:/bin"
-
 // sandboxReadyTimeout bounds waiting for bwrap to report the sandbox's pid.
 const sandboxReadyTimeout = 20 * time.Second
 
@@ -182,7 +178,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 	// runtime's environment comes with its command (Bind).
 	return host.Launch{
 		Argv:   append([]string{bwrap}, r.boundary.Args...),
-		Env:    []string{"PATH=" + launcherPath},
+		Env:    []string{"PATH=" + shim.LauncherPath},
 		Stderr: r.setupW,
 		Extra:  r.childFiles,
 		Close:  r.closeChildEnds,
