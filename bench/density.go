@@ -119,20 +119,9 @@ func benchVMDensity(ctx context.Context, d *daemon, c counts, rep *report) error
 		rep.add(m, "host memory used per VM", gib(avail0-avail)*1024/float64(n), "MiB", 0, fmt.Sprintf("MemAvailable %.1f -> %.1f GiB", gib(avail0), gib(avail)))
 		rep.add(m, "PSS per VM", gib(pss)*1024/float64(max(running, 1)), "MiB", 0, "the shim and everything under it: QEMU, virtiofsd, bwrap")
 	}
-	var roots []string
-	if n > 0 {
-		roots = leftovers.CgroupRoots(started[0].Cgroup)
-	}
 	ended = true
 	t1 := time.Now()
 	left := endVMSessions(ctx, d, a, started)
-	ids := map[string]bool{}
-	for _, s := range started {
-		ids[s.Id] = true
-	}
-	if cgs := leftovers.SessionCgroups(roots, ids); len(cgs) > 0 {
-		left = append(left, fmt.Sprintf("%d session cgroup(s): %s", len(cgs), leftovers.Brief(cgs, 3)))
-	}
 	rep.add(m, "stop and remove all", ms(time.Since(t1)), "ms", 0, "StopSession, then RemoveSession, 8 at a time")
 	if len(left) == 0 {
 		rep.note(m, "nothing left behind", "yes; checked: processes of ours, VM and socket directories, session cgroups, mounts under the home")
@@ -144,8 +133,9 @@ func benchVMDensity(ctx context.Context, d *daemon, c counts, rep *report) error
 }
 
 // endVMSessions stops and removes sessions, 8 at a time, and returns what
-// they left behind once all are gone (after vmGoneGrace at most): processes
-// of ours, VM directories, VM socket directories, mounts under the home.
+// they left behind once all are gone (after vmGoneGrace at most): what any
+// session may leave (sessionsLeftBehind), VM directories, VM socket
+// directories.
 func endVMSessions(ctx context.Context, d *daemon, a *admin, sessions []*adminv1.Session) []string {
 	// Cleanup goes on after an interrupt.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
@@ -166,24 +156,22 @@ func endVMSessions(ctx context.Context, d *daemon, a *admin, sessions []*adminv1
 	if failed := countErrors(errs); len(failed) > 0 {
 		problems = append(problems, "stop, wait, remove: "+leftovers.Brief(failed, 3))
 	}
+	var roots []string
+	ids := map[string]bool{}
+	for _, s := range sessions {
+		ids[s.Id] = true
+	}
+	if len(sessions) > 0 {
+		roots = leftovers.CgroupRoots(sessions[0].Cgroup)
+	}
 	layout := home.Layout{Root: d.home}
 	for deadline := time.Now().Add(vmGoneGrace); ; time.Sleep(100 * time.Millisecond) {
-		var left []string
-		if procs := oursProcs(d); len(procs) > 0 {
-			var names []string
-			for _, p := range procs {
-				names = append(names, p.String())
-			}
-			left = append(left, fmt.Sprintf("%d process(es) of ours: %s", len(procs), leftovers.Brief(names, 4)))
-		}
+		left := sessionsLeftBehind(d, roots, ids)
 		if vms, _ := os.ReadDir(layout.VMsDir()); len(vms) > 0 {
 			left = append(left, fmt.Sprintf("%d VM directories in %s", len(vms), layout.VMsDir()))
 		}
 		if runDirs, _ := filepath.Glob(filepath.Join(layout.FindSocketDir(), "*.vm")); len(runDirs) > 0 {
 			left = append(left, fmt.Sprintf("%d VM socket directories: %s", len(runDirs), leftovers.Brief(runDirs, 2)))
-		}
-		if mounts := leftovers.MountsUnder(d.home); len(mounts) > 0 {
-			left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), leftovers.Brief(mounts, 2)))
 		}
 		if len(left) == 0 || time.Now().After(deadline) {
 			return append(problems, left...)

@@ -282,6 +282,16 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 // their cgroups, mounts under the home, new paths in the srt agent's
 // directory.
 func leftBehind(d *daemon, roots []string, ids map[string]bool) []string {
+	left := sessionsLeftBehind(d, roots, ids)
+	if paths := leftovers.NewPaths(d.srtBaseline, leftovers.AgentTree(d.srtAgentDir)); len(paths) > 0 {
+		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory %s: %s", len(paths), d.srtAgentDir, leftovers.Brief(paths, 8)))
+	}
+	return left
+}
+
+// sessionsLeftBehind lists what removed sessions ids of any strategy left:
+// processes of ours, their cgroups (in roots), mounts under the home.
+func sessionsLeftBehind(d *daemon, roots []string, ids map[string]bool) []string {
 	var left []string
 	if procs := oursProcs(d); len(procs) > 0 {
 		var names []string
@@ -295,9 +305,6 @@ func leftBehind(d *daemon, roots []string, ids map[string]bool) []string {
 	}
 	if mounts := leftovers.MountsUnder(d.home); len(mounts) > 0 {
 		left = append(left, fmt.Sprintf("%d mount(s) under the home: %s", len(mounts), leftovers.Brief(mounts, 2)))
-	}
-	if paths := leftovers.NewPaths(d.srtBaseline, leftovers.AgentTree(d.srtAgentDir)); len(paths) > 0 {
-		left = append(left, fmt.Sprintf("%d new path(s) in the agent directory %s: %s", len(paths), d.srtAgentDir, leftovers.Brief(paths, 8)))
 	}
 	return left
 }
