@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -55,24 +56,44 @@ func Pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 // until the child has exited. The shim's reaper reaps it; its status comes
 // on the returned channel.
 func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
+	pid, exited, _, err := s.fork(path, argv, attr, false)
+	return pid, exited, err
+}
+
+// fork is spawn; with inCgroup, the child is born in the session's cgroup
+// when the forking thread can enter it (cgroupfs.EnterThread), and inside
+// reports whether it was: if not, the caller moves it.
+func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup bool) (pid int, exited <-chan syscall.WaitStatus, inside bool, err error) {
 	if attr.Sys == nil {
 		attr.Sys = &syscall.SysProcAttr{}
 	}
 	attr.Sys.Pdeathsig = syscall.SIGKILL
 	type result struct {
-		pid int
-		err error
+		pid    int
+		inside bool
+		err    error
 	}
 	started := make(chan result, 1)
 	exitStatus := make(chan syscall.WaitStatus, 1)
 	go func() {
 		runtime.LockOSThread()
 		// Never unlocked: when this goroutine returns, its thread exits,
-		// which is fine only after the child is gone.
+		// which is fine only after the child is gone (and the only way
+		// out of the cgroup should the move back fail).
+		var leave func() error
+		if inCgroup && len(s.cg.Dirs) > 0 {
+			var err error
+			if leave, err = s.cg.EnterThread(); err != nil {
+				s.log.WithError(err).Debug("start the runtime outside its cgroup and move it in")
+			}
+		}
 		s.reaper.mu.Lock()
 		p, err := os.StartProcess(path, argv, attr)
 		if err != nil {
 			s.reaper.mu.Unlock()
+			if leave != nil {
+				err = errors.Join(err, leave())
+			}
 			started <- result{err: err}
 			return
 		}
@@ -80,11 +101,16 @@ func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-c
 		exited := s.reaper.expectLocked(pid)
 		p.Release() // the reaper waits for it, not os.Process
 		s.reaper.mu.Unlock()
-		started <- result{pid: pid}
+		res := result{pid: pid, inside: leave != nil}
+		if leave != nil {
+			// Back out at once: the session's cgroup would list the shim.
+			res.err = leave()
+		}
+		started <- res
 		exitStatus <- <-exited
 	}()
 	res := <-started
-	return res.pid, exitStatus, res.err
+	return res.pid, exitStatus, res.inside, res.err
 }
 
 // helperTimeout bounds a helper command of the shim's (mke2fs).
@@ -173,18 +199,21 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 	attr := &os.ProcAttr{Dir: dir, Env: []string{}, Files: files,
 		// The session's own process group: kill(-pid) reaches its children.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-	pid, exited, err := s.spawn("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr)
+	pid, exited, inside, err := s.fork("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr, true)
 	syncR.Close()
 	errW.Close()
 	l := &Launcher{PID: pid, Exited: exited, syncW: syncW, errR: errR}
-	if err != nil {
+	if err != nil && pid == 0 {
 		syncW.Close()
 		errR.Close()
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
-	if err := s.cg.Add(pid); err != nil {
+	if err == nil && !inside {
+		err = s.cg.Add(pid)
+	}
+	if err != nil {
 		l.Abandon()
-		return nil, err
+		return nil, fmt.Errorf("start runtime: %w", err)
 	}
 	return l, nil
 }

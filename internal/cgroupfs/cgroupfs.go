@@ -34,9 +34,12 @@ func (c Cgroup) Add(pid int) error {
 	return nil
 }
 
-// Procs lists the processes in the cgroup, children included.
+// Procs lists the processes in the cgroup, children included, but never
+// the caller: a thread of the shim passes through the cgroup as it forks
+// the runtime (EnterThread), and killing what the cgroup lists must not
+// kill the shim.
 func (c Cgroup) Procs() ([]int, error) {
-	seen := map[int]bool{}
+	seen := map[int]bool{os.Getpid(): true}
 	var pids []int
 	for _, d := range c.Dirs {
 		err := filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
