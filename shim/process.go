@@ -61,8 +61,11 @@ func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-c
 }
 
 // fork is spawn; with inCgroup, the child is born in the session's cgroup
-// when the forking thread can enter it (cgroupfs.EnterThread), and inside
-// reports whether it was: if not, the caller moves it.
+// where the kernel allows it: on cgroup v2 by CLONE_INTO_CGROUP, on v1 by
+// forking from a thread that entered the cgroup (cgroupfs.EnterThread).
+// inside reports whether it was; if not, the caller moves it. A child that
+// started comes with its pid even when err is set (the thread could not
+// leave the cgroup): the caller kills it.
 func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup bool) (pid int, exited <-chan syscall.WaitStatus, inside bool, err error) {
 	if attr.Sys == nil {
 		attr.Sys = &syscall.SysProcAttr{}
@@ -70,8 +73,22 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 	attr.Sys.Pdeathsig = syscall.SIGKILL
 	type result struct {
 		pid    int
+		exited <-chan syscall.WaitStatus
 		inside bool
 		err    error
+	}
+	// start starts the child with the reaper held, so that its exit
+	// cannot be reaped before it is expected.
+	start := func(a *os.ProcAttr) (r result) {
+		s.reaper.mu.Lock()
+		defer s.reaper.mu.Unlock()
+		p, err := os.StartProcess(path, argv, a)
+		if err != nil {
+			return result{err: err}
+		}
+		r = result{pid: p.Pid, exited: s.reaper.expectLocked(p.Pid)}
+		p.Release() // the reaper waits for it, not os.Process
+		return r
 	}
 	started := make(chan result, 1)
 	exitStatus := make(chan syscall.WaitStatus, 1)
@@ -80,34 +97,38 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 		// Never unlocked: when this goroutine returns, its thread exits,
 		// which is fine only after the child is gone (and the only way
 		// out of the cgroup should the move back fail).
+		var res result
 		var leave func() error
 		if inCgroup && len(s.cg.Dirs) > 0 {
-			var err error
-			if leave, err = s.cg.EnterThread(); err != nil {
+			dir, err := s.cg.OpenV2()
+			if err == nil {
+				sys := *attr.Sys
+				sys.UseCgroupFD, sys.CgroupFD = true, int(dir.Fd())
+				into := *attr
+				into.Sys = &sys
+				res = start(&into)
+				dir.Close()
+				res.inside = res.err == nil
+				err = res.err
+			} else {
+				leave, err = s.cg.EnterThread()
+			}
+			if err != nil {
 				s.log.WithError(err).Debug("start the runtime outside its cgroup and move it in")
 			}
 		}
-		s.reaper.mu.Lock()
-		p, err := os.StartProcess(path, argv, attr)
-		if err != nil {
-			s.reaper.mu.Unlock()
+		if !res.inside {
+			res = start(attr)
 			if leave != nil {
-				err = errors.Join(err, leave())
+				// Back out at once: the session's cgroup would list the shim.
+				res.err = errors.Join(res.err, leave())
+				res.inside = res.pid != 0
 			}
-			started <- result{err: err}
-			return
-		}
-		pid := p.Pid
-		exited := s.reaper.expectLocked(pid)
-		p.Release() // the reaper waits for it, not os.Process
-		s.reaper.mu.Unlock()
-		res := result{pid: pid, inside: leave != nil}
-		if leave != nil {
-			// Back out at once: the session's cgroup would list the shim.
-			res.err = leave()
 		}
 		started <- res
-		exitStatus <- <-exited
+		if res.pid != 0 {
+			exitStatus <- <-res.exited
+		}
 	}()
 	res := <-started
 	return res.pid, exitStatus, res.inside, res.err

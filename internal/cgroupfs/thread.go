@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // EnterThread moves the calling OS thread, and only it, into the cgroup in
@@ -167,4 +169,25 @@ func writeFile(path, v string) error {
 		err = cerr
 	}
 	return err
+}
+
+// OpenV2 opens the cgroup's directory for CLONE_INTO_CGROUP (Go's
+// SysProcAttr.UseCgroupFD) when the cgroup is one cgroup v2 directory, as
+// on a v2-only host: a process forked with it is born in the cgroup, with
+// no move and so no global lock. It fails for a v1 cgroup (there, see
+// EnterThread).
+func (c Cgroup) OpenV2() (*os.File, error) {
+	if len(c.Dirs) != 1 {
+		return nil, fmt.Errorf("cgroup %v: %d hierarchies, not one cgroup v2 directory", c.Dirs, len(c.Dirs))
+	}
+	f, err := os.Open(c.Dirs[0])
+	if err != nil {
+		return nil, fmt.Errorf("open cgroup: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		f.Close()
+		return nil, fmt.Errorf("cgroup %s: not a cgroup v2 directory (%v)", c.Dirs[0], err)
+	}
+	return f, nil
 }

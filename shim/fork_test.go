@@ -1,0 +1,109 @@
+package shim
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
+	"github.com/agentconnect-md/agentconnect/internal/testutil"
+	"github.com/agentconnect-md/agentconnect/supervisor/limits"
+)
+
+// init is born in the session's cgroup, in every hierarchy, whichever way
+// the host allows: a session cgroup as this host's daemon makes it (v1 here,
+// v2 on a v2-only host), and a cgroup v2 directory where one is mounted
+// beside v1 (CLONE_INTO_CGROUP). The shim is never left in it.
+func TestSpawnInCgroup(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, sup := limits.Setup("agentconnect-test-spawn-" + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	defer m.Close()
+	cg, err := m.Create("s1", session.Limits{Pids: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Remove()
+	cases := map[string]cgroupfs.Cgroup{"session cgroup (" + sup.Mode + ")": cg}
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		v2 := filepath.Join("/sys/fs/cgroup/unified", fmt.Sprintf("agentconnect-test-spawn-%d", os.Getpid()))
+		if err := os.Mkdir(v2, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(v2)
+		cases["cgroup v2 beside v1"] = cgroupfs.Cgroup{Dirs: []string{v2}}
+	}
+
+	s := &service{reaper: newReaper()}
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	defer signal.Stop(sigchld)
+	go s.reaper.run(sigchld)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devnull.Close()
+	own := readCgroups(t, "self")
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			logs := &recordHook{}
+			logger := logrus.New()
+			logger.SetLevel(logrus.DebugLevel)
+			logger.AddHook(logs)
+			s.cg, s.log = c, logrus.NewEntry(logger)
+			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Abandon()
+			if len(logs.entries) > 0 {
+				t.Errorf("init was moved after it started, not born in its cgroup: %v", logs.entries)
+			}
+			for _, d := range c.Dirs {
+				procs := strings.Fields(readText(t, filepath.Join(d, "cgroup.procs")))
+				if !slices.Equal(procs, []string{strconv.Itoa(l.PID)}) {
+					t.Errorf("%s/cgroup.procs = %v, want init (%d) alone", d, procs, l.PID)
+				}
+			}
+			if got := readCgroups(t, "self"); got != own {
+				t.Errorf("the shim's cgroups changed:\n%s\nwere\n%s", got, own)
+			}
+		})
+	}
+}
+
+// recordHook keeps what is logged at debug level: the fallback's message.
+type recordHook struct{ entries []string }
+
+func (h *recordHook) Levels() []logrus.Level { return []logrus.Level{logrus.DebugLevel} }
+func (h *recordHook) Fire(e *logrus.Entry) error {
+	h.entries = append(h.entries, e.Message+": "+fmt.Sprint(e.Data[logrus.ErrorKey]))
+	return nil
+}
+
+func readCgroups(t *testing.T, pid string) string {
+	return readText(t, "/proc/"+pid+"/cgroup")
+}
+
+func readText(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
