@@ -9,15 +9,20 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 // drainFor is how long Run keeps reaping after cmd has exited: shims linger
-// a few seconds after their run, and should not become init's zombies.
-const drainFor = 6 * time.Second
+// a few seconds after their run, and should not become init's zombies. (A
+// variable for the tests.)
+var drainFor = 6 * time.Second
 
 // Run becomes a child subreaper, starts cmd, passes SIGINT and SIGTERM on to
 // it, reaps every process that ends until cmd itself has (and, for a few
@@ -25,7 +30,9 @@ const drainFor = 6 * time.Second
 // (128+N for a signal). cmd's stdio must be files (or nil): Run reaps cmd
 // itself, so os/exec's copying goroutines for other readers and writers are
 // never waited for.
-func Run(cmd *exec.Cmd) (int, error) {
+func Run(cmd *exec.Cmd) (int, error) { return run(cmd, false) }
+
+func run(cmd *exec.Cmd, killLeft bool) (int, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return 0, fmt.Errorf("become a child subreaper: %w", err)
 	}
@@ -57,6 +64,9 @@ func Run(cmd *exec.Cmd) (int, error) {
 			code = 128 + int(ws.Signal())
 		}
 		drain(time.Now().Add(drainFor))
+		if killLeft {
+			killOrphans()
+		}
 		return code, nil
 	}
 }
@@ -75,12 +85,54 @@ func drain(deadline time.Time) {
 	}
 }
 
+// killOrphans kills the orphans still alive after the drain, and what
+// they leave in turn (a shim's runtime dies with it, its orphans come
+// here), until none is left or a bound passes, and names them on stderr.
+// A harness that failed without its cleanups (a test binary killed by
+// its -timeout) would otherwise leave its daemons, shims and VMs running
+// under init for good, skewing every later run on the machine.
+func killOrphans() {
+	deadline := time.Now().Add(drainFor)
+	for time.Now().Before(deadline) {
+		left := children()
+		if len(left) == 0 {
+			return
+		}
+		for _, pid := range left {
+			// Still our child, unreaped: the pid cannot be another's.
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			fmt.Fprintf(os.Stderr, "reaper: killing pid %d, left running by the command: %s\n", pid,
+				strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " ")))
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		drain(time.Now().Add(time.Second))
+	}
+}
+
+// children lists this process's live children.
+func children() []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := procstat.Read(pid); err == nil && st.PPID == os.Getpid() && !st.Dead() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // Reexec runs this program again, with the same arguments and env (plus
 // marker=1), under Run, and returns its exit code. The child sees marker set
 // and does the real work: the pattern of TestMain and the bench harness.
+// Unlike Run, what the child leaves running once it has exited is killed
+// (killOrphans): a harness's processes never outlive it.
 func Reexec(marker string) (int, error) {
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), marker+"=1")
-	return Run(cmd)
+	return run(cmd, true)
 }
