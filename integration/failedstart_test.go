@@ -170,7 +170,10 @@ func stopSandboxes(roots []string, done <-chan struct{}) {
 						continue
 					}
 					cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-					if err != nil || strings.HasPrefix(string(cmdline), "agentconnect-shim\x00init\x00") {
+					// Not init, nor the shim: its forking thread passes
+					// through the cgroup as it forks init (EnterThread).
+					if err != nil || strings.HasPrefix(string(cmdline), "agentconnect-shim\x00init\x00") ||
+						strings.HasPrefix(string(cmdline), "agentconnect-shim\x00serve\x00") {
 						continue
 					}
 					syscall.Kill(pid, syscall.SIGSTOP)
