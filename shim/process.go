@@ -20,6 +20,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/execmsg"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 )
 
 const (
@@ -260,30 +261,6 @@ func (l *Launcher) Abandon() {
 	<-l.Exited
 }
 
-// Steps times the steps of a start, for the log: where a slow start goes.
-type Steps struct {
-	mark time.Time
-	list []string
-}
-
-// NewSteps starts timing a start.
-func NewSteps() *Steps { return &Steps{mark: time.Now()} }
-
-// Done ends the step name.
-func (st *Steps) Done(name string) {
-	st.list = append(st.list, fmt.Sprintf("%s %v", name, time.Since(st.mark).Round(10*time.Microsecond)))
-	st.mark = time.Now()
-}
-
-// Waited records that the start waited (a warm boundary, for the session
-// that claims it) and restarts the timing from now.
-func (st *Steps) Waited() {
-	st.list = append(st.list, fmt.Sprintf("warm for %v", time.Since(st.mark).Round(time.Millisecond)))
-	st.mark = time.Now()
-}
-
-func (st *Steps) String() string { return strings.Join(st.list, ", ") }
-
 // StdinWriter is the runtime's stdin: a pipe, or a connection to the guest.
 type StdinWriter interface {
 	io.WriteCloser
@@ -291,7 +268,7 @@ type StdinWriter interface {
 }
 
 // running records that run has started, with the runtime's pid.
-func (s *service) running(run Run, pid int, stdin StdinWriter, st *Steps, fields logrus.Fields) {
+func (s *service) running(run Run, pid int, stdin StdinWriter, st *steps.Steps, fields logrus.Fields) {
 	startTime, _ := procstat.StartTime(pid)
 	now := time.Now()
 	s.mu.Lock()

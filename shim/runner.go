@@ -12,6 +12,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 )
 
 // Runner runs a session's runtime in one strategy's boundary: each strategy
@@ -179,7 +180,7 @@ func (h *Host) Secrets() []*shimv1.Secret { return h.s.secrets }
 
 // Running records that run's runtime runs, with pid and its stdin, and logs
 // how long each step of the start took (fields add to the log line).
-func (h *Host) Running(run Run, pid int, stdin StdinWriter, st *Steps, fields logrus.Fields) {
+func (h *Host) Running(run Run, pid int, stdin StdinWriter, st *steps.Steps, fields logrus.Fields) {
 	h.s.running(run, pid, stdin, st, fields)
 }
 

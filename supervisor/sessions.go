@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
@@ -22,6 +23,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/hostuser"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 	"github.com/agentconnect-md/agentconnect/internal/ttrpclite"
 	"github.com/agentconnect-md/agentconnect/strategy"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
@@ -351,14 +353,19 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 			s.mu.Unlock()
 		}
 	}()
+	st := steps.New()
 	spec, private, err := s.buildSpec(ag, command)
 	if err != nil {
 		return view{}, err
 	}
+	st.Done("spec")
 	var warm *warmShim
 	if warmable(ag) {
 		warm = s.claimWarm(ag, spec)
 		defer s.refillWarm(ag.ID, warm)
+		if warm != nil {
+			st.Done("claim")
+		}
 	}
 	var dir session.Dir
 	var rec *session.Record
@@ -387,9 +394,9 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 	ss.opMu.Lock()
 	defer ss.opMu.Unlock()
 	if warm != nil {
-		err = s.runWarm(ss, warm, private)
+		err = s.runWarm(ss, warm, private, st)
 	} else {
-		err = s.startRun(ss, rec, private)
+		err = s.startRun(ss, rec, private, st)
 	}
 	if err != nil {
 		s.removeSessionFiles(rec.ID)
@@ -408,12 +415,23 @@ func (s *Supervisor) startSession(agentName string, command []string) (view, err
 // runWarm starts the session ss in the warm shim it claimed: its record,
 // rewritten with what is the session's own, then the runtime. On an error
 // nothing of the run is left.
-func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets) error {
-	if err := ss.dir.WriteRecord(w.rec); err != nil {
+func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets, st *steps.Steps) error {
+	// The record replaces the warm build's, which a power loss would take
+	// with the claim anyway: its fsync runs beside the Start call.
+	if err := ss.dir.WriteRecordUnsynced(w.rec); err != nil {
 		s.discardWarm(w)
 		return err
 	}
-	if err := s.runShim(ss, w.rec, w.conn, w.boot, private); err != nil {
+	synced := make(chan error, 1)
+	go func() { synced <- ss.dir.SyncRecord() }()
+	st.Done("record")
+	err := s.runShim(ss, w.rec, w.conn, w.boot, private, st)
+	if serr := <-synced; serr != nil {
+		// The session runs (or ended), and its record is written: only a
+		// power loss could still take it.
+		s.log.WithError(serr).WithField("session", w.rec.ID).Error("session.json is not on disk yet")
+	}
+	if err != nil {
 		s.removeRunLeftovers(w.rec)
 		return err
 	}
@@ -423,13 +441,13 @@ func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets) 
 // startRun starts one run of a session: its cgroup, its shim, its runtime
 // (with private, the variables only the shim's memory holds). On an error
 // nothing of the run is left; a runtime that could not start leaves the
-// session exited with the reason.
-func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets) error {
-	conn, boot, err := s.launchShim(s.ctx, ss.dir, rec)
+// session exited with the reason. st times the steps, for the log.
+func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets, st *steps.Steps) error {
+	conn, boot, err := s.launchShim(s.ctx, ss.dir, rec, st)
 	if err != nil {
 		return err
 	}
-	if err := s.runShim(ss, rec, conn, boot, private); err != nil {
+	if err := s.runShim(ss, rec, conn, boot, private, st); err != nil {
 		s.removeRunLeftovers(rec)
 		return err
 	}
@@ -438,26 +456,43 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 
 // launchShim makes a run's cgroup (and places its VM), writes its record,
 // and starts and connects to its shim; ctx ends the bootstrap and the dial.
-// On an error nothing of it is left.
-func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *session.Record) (_ *shimConn, _ *session.Bootstrap, retErr error) {
+// On an error nothing of it is left. st times the steps.
+//
+// The shim's bootstrap (two process starts, ~7 ms) needs neither a cold
+// run's cgroup nor a new session's record on disk: the shim reads the
+// record, and touches the cgroup only at Start. Both are done beside it,
+// and launchShim returns once they are. A warm build prepares its run
+// before it reports ready, so its cgroup comes first; a resumed session's
+// record replaces one that a power loss must not tear, so it is synced
+// before the shim starts.
+func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *session.Record, st *steps.Steps) (_ *shimConn, _ *session.Bootstrap, retErr error) {
+	var beside errgroup.Group
+	defer beside.Wait() // on an early return: nothing of ours runs on
 	if s.cgroups != nil {
-		cg, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
-		if err != nil {
-			return nil, nil, err
-		}
+		cg := cgroupfs.Cgroup{Dirs: s.cgroups.Dirs(rec.ID)}
 		rec.Spec.Cgroup = cg.Dirs
 		defer func() {
 			if retErr != nil {
+				beside.Wait()
 				cg.Remove()
 			}
 		}()
 		if rec.Warm {
+			if _, err := s.cgroups.Create(rec.ID, rec.Spec.Limits); err != nil {
+				return nil, nil, err
+			}
 			// A build ahead of any session yields the CPU to those that
 			// run (a VM's boot takes a core for seconds); claimWarm gives
 			// the cgroup its weight back.
 			if err := cg.SetBackground(true); err != nil {
 				s.log.WithError(err).WithField("warm", rec.ID).Warn("build a warm boundary at background priority")
 			}
+			st.Done("cgroup")
+		} else {
+			beside.Go(func() error {
+				_, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
+				return err
+			})
 		}
 	}
 	if rec.Spec.VM != nil {
@@ -465,9 +500,15 @@ func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *sessi
 			return nil, nil, err
 		}
 	}
-	if err := dir.WriteRecord(rec); err != nil {
+	if rec.Run == 1 && !rec.Warm {
+		if err := dir.WriteRecordUnsynced(rec); err != nil {
+			return nil, nil, err
+		}
+		beside.Go(dir.SyncRecord)
+	} else if err := dir.WriteRecord(rec); err != nil {
 		return nil, nil, err
 	}
+	st.Done("record")
 	socket := home.ShimSocket(s.socketDir, rec.ID, rec.Run)
 	timeout := bootstrapTimeout
 	if rec.Warm {
@@ -477,20 +518,29 @@ func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *sessi
 	if err != nil {
 		return nil, nil, err
 	}
+	st.Done("shim")
 	conn, err := dialShim(ctx, boot, dialTimeout)
+	if err == nil {
+		st.Done("dial")
+		if err = beside.Wait(); err != nil {
+			conn.close()
+		}
+	}
 	if err != nil {
 		s.stopShim(boot)
 		os.Remove(socket)
 		return nil, nil, err
 	}
+	st.Done("cgroup and fsync beside it")
 	return conn, boot, nil
 }
 
 // runShim starts the runtime of a launched shim and follows it. An error
 // that is returned leaves the shim stopped and the run's leftovers for the
 // caller to remove; a runtime that could not start leaves the session
-// exited with the reason (nil error).
-func (s *Supervisor) runShim(ss *sessionState, rec *session.Record, conn *shimConn, boot *session.Bootstrap, private runSecrets) error {
+// exited with the reason (nil error). The log line of a started session
+// has st's steps.
+func (s *Supervisor) runShim(ss *sessionState, rec *session.Record, conn *shimConn, boot *session.Bootstrap, private runSecrets, st *steps.Steps) error {
 	log := s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent, "run": rec.Run})
 	if err := shimCanRun(conn.apiVersion, rec, private); err != nil {
 		conn.close()
@@ -507,8 +557,9 @@ func (s *Supervisor) runShim(ss *sessionState, rec *session.Record, conn *shimCo
 		log.WithField("reason", st.Reason).Warn("session did not start")
 		return nil
 	}
+	st.Done("start")
 	ss.setRunning(conn, int(resp.Pid), time.Now())
-	log.WithFields(logrus.Fields{"pid": resp.Pid, "shim": boot.PID}).Info("session running")
+	log.WithFields(logrus.Fields{"pid": resp.Pid, "shim": boot.PID, "steps": st.String()}).Info("session running")
 	go s.monitor(ss, conn, rec.Run)
 	return nil
 }
@@ -862,7 +913,7 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	ss.mu.Lock()
 	ss.rec = &rec
 	ss.mu.Unlock()
-	if err := s.startRun(ss, &rec, private); err != nil {
+	if err := s.startRun(ss, &rec, private, steps.New()); err != nil {
 		ss.mu.Lock()
 		ss.rec = old
 		ss.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
@@ -159,11 +160,12 @@ func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
 	// Not s.ctx: a supervisor that stops lets a build in flight finish
 	// and discards it (closeWarm); one cut short could leave a shim that
 	// the bootstrap started and no one knows of.
-	conn, boot, err := s.launchShim(context.Background(), dir, rec)
+	st := steps.New()
+	conn, boot, err := s.launchShim(context.Background(), dir, rec, st)
 	if err != nil {
 		return nil, err
 	}
-	s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": id, "shim": boot.PID}).Info("warm boundary ready")
+	s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": id, "shim": boot.PID, "steps": st.String()}).Info("warm boundary ready")
 	return &warmShim{rec: rec, dir: dir, conn: conn, boot: boot}, nil
 }
 

@@ -234,6 +234,16 @@ func (d Dir) ReadRecord() (*Record, error) {
 // WriteRecord writes session.json atomically.
 func (d Dir) WriteRecord(r *Record) error { return atomicfile.WriteJSON(d.RecordPath(), r, 0o600) }
 
+// WriteRecordUnsynced writes session.json atomically but not durably, until
+// SyncRecord: for a record that a power loss meanwhile could only take with
+// the start that writes it (a new session's, a warm boundary's claim).
+func (d Dir) WriteRecordUnsynced(r *Record) error {
+	return atomicfile.WriteVolatileJSON(d.RecordPath(), r, 0o600)
+}
+
+// SyncRecord makes what WriteRecordUnsynced wrote durable.
+func (d Dir) SyncRecord() error { return atomicfile.Sync(d.RecordPath()) }
+
 // ReadBootstrap reads bootstrap.json; (nil, nil) when there is none.
 func (d Dir) ReadBootstrap() (*Bootstrap, error) {
 	var b Bootstrap

@@ -24,6 +24,23 @@ func WriteVolatile(path string, data []byte, perm os.FileMode) error {
 	return write(path, data, perm, false)
 }
 
+// Sync makes a file that WriteVolatile wrote durable, as WriteFile would
+// have: its data, then its directory's entry. A writer that must not wait
+// for the disk before the file is read writes it with WriteVolatile and
+// syncs it meanwhile.
+func Sync(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
 func write(path string, data []byte, perm os.FileMode, durable bool) (retErr error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")

@@ -3,6 +3,7 @@ package atomicfile
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -59,5 +60,23 @@ func TestJSONRoundTrip(t *testing.T) {
 func TestWriteFileMissingDir(t *testing.T) {
 	if err := WriteFile(filepath.Join(t.TempDir(), "no", "such"), nil, 0o600); err == nil {
 		t.Error("WriteFile into a missing directory succeeded")
+	}
+}
+
+// Sync is what makes a volatile write durable: it fails, naming the file,
+// when there is none to sync, and leaves a written one as it is.
+func TestSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "session.json")
+	if err := Sync(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("Sync of a missing file = %v, want an error naming %s", err, path)
+	}
+	if err := WriteVolatile(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Sync(path); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "one" {
+		t.Errorf("after Sync: %q, %v; want %q", got, err, "one")
 	}
 }

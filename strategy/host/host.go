@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 	"github.com/agentconnect-md/agentconnect/shim"
 )
 
@@ -90,7 +91,7 @@ func (r Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
 }
 
 func (r Runner) prepare(h *shim.Host) (_ *prepared, retErr error) {
-	st := shim.NewSteps()
+	st := steps.New()
 	p := &prepared{st: st}
 	var closers []*os.File
 	defer func() {
@@ -183,7 +184,7 @@ type prepared struct {
 	execErr  string // init's, when it could not exec the boundary's launcher
 	stdin    *os.File
 	outputs  []*os.File
-	st       *shim.Steps
+	st       *steps.Steps
 }
 
 // kill ends a launcher that is not reaped yet (its pid, and group, are

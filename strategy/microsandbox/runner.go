@@ -23,6 +23,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/netpolicy"
 	"github.com/agentconnect-md/agentconnect/internal/outputlog"
 	"github.com/agentconnect-md/agentconnect/internal/protect"
+	"github.com/agentconnect-md/agentconnect/internal/steps"
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
@@ -67,7 +68,7 @@ type vmRun struct {
 	dialer   vmtransport.Dialer
 	client   *ttrpc.Client
 	agent    vmagentv1.VMAgentService
-	st       *shim.Steps // the start's, from Prepare on
+	st       *steps.Steps // the start's, from Prepare on
 
 	mu      sync.Mutex // guards qemuErr
 	qemuErr strings.Builder
@@ -102,7 +103,7 @@ func (Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
 // once the guest is idle (a warm VM).
 func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	spec := h.Session().Spec
-	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h, st: shim.NewSteps()}
+	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h, st: steps.New()}
 	defer func() {
 		if retErr != nil {
 			vm.abort()

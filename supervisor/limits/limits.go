@@ -41,6 +41,13 @@ type Manager struct {
 	// levels how many of their path's last levels Setup's name made.
 	parentDirs []string
 	levels     int
+	// v1 is the hierarchy a session joins on a v1 host, and v1Parents the
+	// parent's path in each of its controllers, both found once by Setup:
+	// the library would read /proc/self/mountinfo for each controller of
+	// each session, and a session goes under the parent wherever the
+	// daemon is moved since.
+	v1        []cgroup1.Subsystem
+	v1Parents map[cgroup1.Name]string
 }
 
 const unifiedMount = "/sys/fs/cgroup"
@@ -78,6 +85,10 @@ func Setup(name string) (*Manager, Support) {
 		m.parent = filepath.Join(base, name)
 	} else {
 		m.parent = name
+		if err := m.findV1(); err != nil {
+			sup.Reason = fmt.Sprintf("cannot find the cgroup v1 hierarchies (%v)", err)
+			return nil, sup
+		}
 	}
 	probe := "probe-" + strconv.Itoa(os.Getpid())
 	cg, err := m.create(probe, session.Limits{Pids: 64})
@@ -135,8 +146,19 @@ func (m *Manager) Sessions() map[string]cgroupfs.Cgroup {
 	return out
 }
 
-// Create makes the cgroup of one session with its limits. A zero pids limit
-// becomes DefaultPids.
+// Dirs are the directories, one per hierarchy, of the cgroup that Create
+// makes for a session: known before it is made, so that a start can name it
+// in the session's record and make it beside the shim's own start.
+func (m *Manager) Dirs(sessionID string) []string {
+	dirs := make([]string, len(m.parentDirs))
+	for i, p := range m.parentDirs {
+		dirs[i] = filepath.Join(p, sessionID)
+	}
+	return dirs
+}
+
+// Create makes the cgroup of one session with its limits, where Dirs says.
+// A zero pids limit becomes DefaultPids.
 func (m *Manager) Create(sessionID string, l session.Limits) (cgroupfs.Cgroup, error) {
 	if l.Pids == 0 {
 		l.Pids = DefaultPids
@@ -159,18 +181,37 @@ func (m *Manager) create(name string, l session.Limits) (cgroupfs.Cgroup, error)
 // limit it and the one that counts its cpu time.
 var v1Controllers = map[cgroup1.Name]bool{cgroup1.Pids: true, cgroup1.Memory: true, cgroup1.Cpu: true, cgroup1.Cpuacct: true}
 
-func v1Hierarchy() ([]cgroup1.Subsystem, error) {
+// findV1 finds the v1 hierarchy and the parent's path in each of its
+// controllers: below the daemon's own cgroup there.
+func (m *Manager) findV1() error {
 	all, err := cgroup1.Default()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var keep []cgroup1.Subsystem
+	parent := cgroup1.NestedPath(m.parent)
+	m.v1Parents = map[cgroup1.Name]string{}
 	for _, s := range all {
-		if v1Controllers[s.Name()] {
-			keep = append(keep, s)
+		if !v1Controllers[s.Name()] {
+			continue
+		}
+		m.v1 = append(m.v1, s)
+		if p, err := parent(s.Name()); err == nil {
+			m.v1Parents[s.Name()] = p
 		}
 	}
-	return keep, nil
+	return nil
+}
+
+// v1Path is where the cgroup name goes in each controller of the v1
+// hierarchy: under the parent.
+func (m *Manager) v1Path(name string) cgroup1.Path {
+	return func(n cgroup1.Name) (string, error) {
+		p, ok := m.v1Parents[n]
+		if !ok {
+			return "", cgroup1.ErrControllerNotActive
+		}
+		return filepath.Join(p, name), nil
+	}
 }
 
 type pather interface{ Path(string) string }
@@ -186,8 +227,9 @@ func (m *Manager) createV1(name string, l session.Limits) (cgroupfs.Cgroup, erro
 		quota, period := int64(l.CPUs)*cpuPeriod, uint64(cpuPeriod)
 		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	path := cgroup1.NestedPath(filepath.Join(m.parent, name))
-	cg, err := cgroup1.New(path, res, cgroup1.WithHierarchy(v1Hierarchy), func(c *cgroup1.InitConfig) error {
+	path := m.v1Path(name)
+	hierarchy := func() ([]cgroup1.Subsystem, error) { return m.v1, nil }
+	cg, err := cgroup1.New(path, res, cgroup1.WithHierarchy(hierarchy), func(c *cgroup1.InitConfig) error {
 		c.InitCheck = requireLimiters
 		return nil
 	})

@@ -3,6 +3,7 @@ package limits
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,4 +142,48 @@ func TestCloseRemovesEveryLevelOfTheParent(t *testing.T) {
 			os.Remove(d) // inner levels first, so the test leaves nothing either
 		}
 	}
+}
+
+// A session's cgroup is where Dirs says before it is made (the record names
+// it while the shim starts), even once the daemon has been moved to another
+// cgroup since Setup.
+func TestCreateWhereDirsSays(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, sup := Setup("agentconnect-test-dirs-" + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	defer m.Close()
+	check := func(id string) {
+		t.Helper()
+		want := m.Dirs(id)
+		cg, err := m.Create(id, session.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cg.Remove()
+		if !slices.Equal(cg.Dirs, want) {
+			t.Errorf("Create(%s) made %v, Dirs said %v", id, cg.Dirs, want)
+		}
+		for _, d := range want {
+			if _, err := os.Stat(filepath.Join(d, "cgroup.procs")); err != nil {
+				t.Errorf("%s is not a cgroup: %v", d, err)
+			}
+		}
+	}
+	check("s1")
+
+	// Move this process into a sibling of the parent in one hierarchy.
+	own := filepath.Dir(m.parentDirs[0])
+	moved := filepath.Join(own, "agentconnect-test-moved-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(moved, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(moved)
+	self := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(moved, "cgroup.procs"), self, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(filepath.Join(own, "cgroup.procs"), self, 0)
+	check("s2")
 }
