@@ -86,6 +86,63 @@ func TestSpawnInCgroup(t *testing.T) {
 	}
 }
 
+// A start that knows its command forks it in the session's cgroup with no
+// init between, with exactly the environment it was given, in its own
+// process group. (One whose command is missing goes through init, which
+// says why: strategy/host's TestExecErrors, with the shim's binary.)
+func TestStartInCgroupForksTheCommand(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, sup := limits.Setup("agentconnect-test-start-" + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	defer m.Close()
+	cg, err := m.Create("s1", session.Limits{Pids: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Remove()
+	logs := &recordHook{}
+	logger := logrus.New()
+	logger.SetLevel(logrus.DebugLevel)
+	logger.AddHook(logs)
+	s := &service{reaper: newReaper(), cg: cg, log: logrus.NewEntry(logger)}
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	defer signal.Stop(sigchld)
+	go s.reaper.run(sigchld)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devnull.Close()
+	stdio := [3]*os.File{devnull, devnull, devnull}
+
+	env := []string{"PATH=/usr/bin:/bin", "ONLY=this"}
+	l, execErr, err := s.startInCgroup([]string{"sleep", "60"}, "/", env, stdio, nil, nil)
+	if err != nil || execErr != "" {
+		t.Fatalf("startInCgroup = %v, exec error %q", err, execErr)
+	}
+	defer func() {
+		syscall.Kill(l.PID, syscall.SIGKILL)
+		<-l.Exited
+	}()
+	if l.syncW != nil || len(logs.entries) > 0 {
+		t.Errorf("the command went through init: %v", logs.entries)
+	}
+	for _, d := range cg.Dirs {
+		if procs := strings.Fields(readText(t, filepath.Join(d, "cgroup.procs"))); !slices.Equal(procs, []string{strconv.Itoa(l.PID)}) {
+			t.Errorf("%s/cgroup.procs = %v, want the command (%d) alone", d, procs, l.PID)
+		}
+	}
+	if got := strings.Split(strings.TrimRight(readText(t, fmt.Sprintf("/proc/%d/environ", l.PID)), "\x00"), "\x00"); !slices.Equal(got, env) {
+		t.Errorf("environment = %q, want %q", got, env)
+	}
+	if pgid, err := syscall.Getpgid(l.PID); err != nil || pgid != l.PID {
+		t.Errorf("process group = %d, %v; want its own (%d)", pgid, err, l.PID)
+	}
+}
+
 // recordHook keeps what is logged at debug level: the fallback's message.
 type recordHook struct{ entries []string }
 

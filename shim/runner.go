@@ -125,18 +125,11 @@ func (h *Host) SpawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cr
 	return h.s.spawnInCgroup(dir, stdio, extra, cred)
 }
 
-// StartInCgroup is SpawnInCgroup, then Exec of argv with env: it returns
-// the launcher's pid, its exit, and init's exec error if any.
-func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (int, <-chan syscall.WaitStatus, string, error) {
-	l, err := h.s.spawnInCgroup(dir, stdio, extra, cred)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	execErr, err := l.Exec(argv, env)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	return l.PID, l.Exited, execErr, nil
+// StartInCgroup starts argv with env where SpawnInCgroup would, for a start
+// that knows its command when it forks: the launcher it returns has run
+// its Exec, and execErr is init's exec error if any (see startInCgroup).
+func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (l *Launcher, execErr string, err error) {
+	return h.s.startInCgroup(argv, dir, env, stdio, extra, cred)
 }
 
 // KillCgroup kills every process in the session's cgroup, when it has one.

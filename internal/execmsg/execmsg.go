@@ -11,8 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 )
@@ -65,13 +65,11 @@ func Receive(r io.Reader) (Message, error) {
 	return m, nil
 }
 
-// Exec replaces the process with m's command, found on m.Env's PATH (the
-// runtime's, not the launcher's) by exec.LookPath, as the runtime's own
-// shell would (a match through "." in PATH is refused: exec.ErrDot). It
-// returns only on failure, with the exit code a shell gives: 127 not found,
-// 126 found but cannot run.
+// Exec replaces the process with m's command, found on m.Env's PATH by
+// LookPath. It returns only on failure, with the exit code a shell gives:
+// 127 not found, 126 found but cannot run.
 func Exec(m Message) (code int, err error) {
-	path, err := lookPath(m.Argv[0], m.Env)
+	path, err := LookPath(m.Argv[0], m.Env)
 	if err == nil {
 		err = syscall.Exec(path, m.Argv, m.Env)
 	}
@@ -81,14 +79,35 @@ func Exec(m Message) (code int, err error) {
 	return 126, err
 }
 
-// lookPath is exec.LookPath in env: the process's environment becomes env,
-// which is what it is about to exec with.
-func lookPath(file string, env []string) (string, error) {
-	os.Clearenv()
+// LookPath is exec.LookPath with the PATH of env (the runtime's, which it
+// is about to exec with, not this process's), as the runtime's own shell
+// would search it: the first executable file wins, and a match through "."
+// or an empty entry in PATH is refused (exec.ErrDot).
+func LookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return exec.LookPath(file)
+	}
+	var path string
 	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			os.Setenv(k, v)
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v // the last, as os/exec counts a duplicate
 		}
 	}
-	return exec.LookPath(file)
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		candidate := filepath.Join(dir, file)
+		if !strings.Contains(candidate, "/") {
+			candidate = "./" + candidate
+		}
+		if _, err := exec.LookPath(candidate); err != nil {
+			continue
+		}
+		if !filepath.IsAbs(candidate) {
+			return candidate, &exec.Error{Name: file, Err: exec.ErrDot}
+		}
+		return candidate, nil
+	}
+	return "", &exec.Error{Name: file, Err: exec.ErrNotFound}
 }

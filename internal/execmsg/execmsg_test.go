@@ -46,15 +46,14 @@ func TestReceiveRefuses(t *testing.T) {
 }
 
 // TestLookPathUsesTheMessagesPath: the command is found on the runtime's
-// PATH, not the launcher's; a file that is not executable is skipped, and
-// a match through "." in PATH refused, as exec.LookPath does.
+// PATH, not the launcher's, which stays as it was; a file that is not
+// executable is skipped, and a match through "." in PATH refused, as
+// exec.LookPath does.
 func TestLookPathUsesTheMessagesPath(t *testing.T) {
-	saved := os.Environ()
+	ownPath := os.Getenv("PATH")
 	t.Cleanup(func() {
-		os.Clearenv()
-		for _, kv := range saved {
-			k, v, _ := strings.Cut(kv, "=")
-			os.Setenv(k, v)
+		if got := os.Getenv("PATH"); got != ownPath {
+			t.Errorf("LookPath changed this process's PATH to %q", got)
 		}
 	})
 	dir := t.TempDir()
@@ -64,18 +63,18 @@ func TestLookPathUsesTheMessagesPath(t *testing.T) {
 	bin := filepath.Join(dir, "b")
 	os.MkdirAll(bin, 0o755)
 	os.WriteFile(filepath.Join(bin, "tool"), []byte("#!/bin/sh\n"), 0o755)
-	got, err := lookPath("tool", []string{"HOME=/x", "PATH=" + noexec + ":" + bin})
+	got, err := LookPath("tool", []string{"HOME=/x", "PATH=" + noexec + ":" + bin})
 	if err != nil || got != filepath.Join(bin, "tool") {
 		t.Errorf("lookPath = %q, %v; want %s", got, err, filepath.Join(bin, "tool"))
 	}
-	if _, err := lookPath("tool", []string{"PATH=" + noexec}); !errors.Is(err, exec.ErrNotFound) {
+	if _, err := LookPath("tool", []string{"PATH=" + noexec}); !errors.Is(err, exec.ErrNotFound) {
 		t.Errorf("lookPath with only a non-executable tool = %v, want ErrNotFound", err)
 	}
-	if got, err := lookPath(filepath.Join(bin, "tool"), nil); err != nil || got != filepath.Join(bin, "tool") {
+	if got, err := LookPath(filepath.Join(bin, "tool"), nil); err != nil || got != filepath.Join(bin, "tool") {
 		t.Errorf("lookPath of a path = %q, %v; want it as given", got, err)
 	}
 	t.Chdir(bin)
-	if _, err := lookPath("tool", []string{"PATH=."}); !errors.Is(err, exec.ErrDot) {
+	if _, err := LookPath("tool", []string{"PATH=."}); !errors.Is(err, exec.ErrDot) {
 		t.Errorf("lookPath through . in PATH = %v, want exec.ErrDot", err)
 	}
 }

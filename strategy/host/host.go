@@ -70,9 +70,10 @@ type Launch struct {
 	Close func()
 }
 
-// Start prepares the run (Prepare) and starts it at once.
+// Start prepares the run (Prepare) and starts it at once; without a
+// boundary, the command is forked with no init between (StartInCgroup).
 func (r Runner) Start(h *shim.Host) (shim.Run, error) {
-	p, err := r.prepare(h)
+	p, err := r.prepare(h, true)
 	if err != nil {
 		return nil, err
 	}
@@ -83,14 +84,16 @@ func (r Runner) Start(h *shim.Host) (shim.Run, error) {
 // boundary, and "agentconnect-shim init" in the session's cgroup (for srt,
 // the sandbox up to the runtime's exec). Start binds the rest.
 func (r Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
-	p, err := r.prepare(h)
+	p, err := r.prepare(h, false)
 	if err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-func (r Runner) prepare(h *shim.Host) (_ *prepared, retErr error) {
+// prepare is Prepare; with now, for a start that binds at once, a run
+// without a boundary starts its command straight away (StartInCgroup).
+func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 	st := steps.New()
 	p := &prepared{st: st}
 	var closers []*os.File
@@ -143,7 +146,13 @@ func (r Runner) prepare(h *shim.Host) (_ *prepared, retErr error) {
 	if u := spec.RunAs; u != nil && p.b == nil {
 		cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	l, err := h.SpawnInCgroup(spec.Workspace, stdio, launch.Extra, cred)
+	var l *shim.Launcher
+	if now && p.b == nil {
+		l, p.execErr, err = h.StartInCgroup(spec.Command, spec.Workspace, spec.Env, stdio, launch.Extra, cred)
+		p.bound = true
+	} else {
+		l, err = h.SpawnInCgroup(spec.Workspace, stdio, launch.Extra, cred)
+	}
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
 		f.Close()
 	}
@@ -181,7 +190,8 @@ type prepared struct {
 	launcher *shim.Launcher
 	pid      int    // the runtime's, once it runs
 	spare    []int  // what a graceful signal spares besides the launcher (the sandbox's init)
-	execErr  string // init's, when it could not exec the boundary's launcher
+	execErr  string // init's, when it could not exec the boundary's launcher (or, bound, the command)
+	bound    bool   // the launcher was started with the command (no boundary, a cold start)
 	stdin    *os.File
 	outputs  []*os.File
 	st       *steps.Steps
@@ -216,14 +226,14 @@ func (p *prepared) Start(h *shim.Host) (shim.Run, error) {
 // output.
 func (p *prepared) start(h *shim.Host) (shim.Run, error) {
 	spec := h.Session().Spec
-	if p.b == nil {
+	if p.b == nil && !p.bound {
 		execErr, err := p.launcher.Exec(spec.Command, spec.Env)
 		if err != nil {
 			p.closeFiles()
 			return nil, err
 		}
 		p.execErr = execErr
-	} else if p.execErr == "" {
+	} else if p.b != nil && p.execErr == "" {
 		if err := p.b.Bind(h); err != nil {
 			p.Discard(h)
 			return nil, shim.SandboxSetupError(err)

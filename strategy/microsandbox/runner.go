@@ -152,7 +152,7 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 		return nil, err
 	}
 	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
-	launcher, exitStatus, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
+	l, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
 		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
 	devnull.Close()
 	stderrW.Close()
@@ -166,8 +166,8 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	// The reaper delivers the exit once; every part of the run that waits
 	// for it (the boot, a failed start, the run's end) waits for this.
 	exited := make(chan struct{})
-	go func() { vm.status = <-exitStatus; close(exited) }()
-	vm.launcher, vm.exited = launcher, exited
+	go func() { vm.status = <-l.Exited; close(exited) }()
+	vm.launcher, vm.exited = l.PID, exited
 	vm.st.Done("qemu")
 	if err := vm.connect(exited); err != nil {
 		return nil, vm.withQEMUErrors(err)
