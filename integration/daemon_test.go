@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 )
 
 type statusOut struct {
@@ -131,6 +134,21 @@ func TestSIGHUPKeepsFlags(t *testing.T) {
 	if after.State != "running" || after.PID != before.PID {
 		t.Errorf("session after restarts: %+v, want running with pid %d", after, before.PID)
 	}
+
+	// The daemon starts its shims as its children, and a re-exec keeps its
+	// pid: the new image reaps the shims of the old one when they exit,
+	// rather than leave them zombies for as long as it runs.
+	if before.ShimPID == 0 {
+		t.Fatalf("session show names no shim pid: %+v", before)
+	}
+	if st, err := procstat.Read(before.ShimPID); err != nil || st.PPID != d.pid() {
+		t.Errorf("shim %d: parent %v (%v), want the daemon (%d)", before.ShimPID, st.PPID, err, d.pid())
+	}
+	ok(t, home, "session", "stop", id)
+	eventually(t, 20*time.Second, "the stopped session's shim is reaped, not left a zombie", func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", before.ShimPID))
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 func TestStopCommandLeavesSessions(t *testing.T) {

@@ -44,7 +44,7 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	debug.SetGCPercent(40)
 	runtime.GOMAXPROCS(2)
 
-	readyW := os.NewFile(fdReady, "ready")
+	readyW := os.NewFile(shimv1.FDReady, "ready")
 	fail := func(err error) error {
 		json.NewEncoder(readyW).Encode(shimv1.Ready{Error: err.Error()})
 		readyW.Close()
@@ -56,7 +56,7 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fail(fmt.Errorf("become a child subreaper: %w", err))
 	}
-	l, err := net.FileListener(os.NewFile(fdListener, "listener"))
+	l, err := net.FileListener(os.NewFile(shimv1.FDListener, "listener"))
 	if err != nil {
 		return fail(fmt.Errorf("inherit listener: %w", err))
 	}

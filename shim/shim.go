@@ -7,9 +7,9 @@
 //
 // Lifecycle, top to bottom:
 //
-//	start   (bootstrap) listen on the socket, re-exec as "serve" in a new
-//	        session, wait until it is ready, print its address, exit
-//	serve   write bootstrap.json, serve ttrpc; Start runs the strategy's
+//	serve   started by the supervisor (shimv1.Launch) in a session of its
+//	        own with its socket's listener; write bootstrap.json, report
+//	        ready, serve ttrpc; Start runs the strategy's
 //	        runner; when the runtime exits, the runner ends what is left of
 //	        the run, the shim writes status.json, removes the cgroup, exits
 //	init    wait in the session's cgroup until the shim says what to exec,
@@ -25,7 +25,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 
@@ -45,8 +44,8 @@ type Config struct {
 }
 
 // Main runs the shim with the arguments after the program name.
-func Main(args []string, stdout io.Writer, cfg Config) error {
-	usage := fmt.Sprintf("usage: %s start|serve --session-dir DIR --socket PATH [--ready-timeout D]", cfg.Name)
+func Main(args []string, cfg Config) error {
+	usage := fmt.Sprintf("usage: %s serve --session-dir DIR --socket PATH (the supervisor starts it)", cfg.Name)
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
@@ -59,7 +58,6 @@ func Main(args []string, stdout io.Writer, cfg Config) error {
 	fs := flag.NewFlagSet(cfg.Name+" "+args[0], flag.ContinueOnError)
 	dir := fs.String("session-dir", "", "the session directory")
 	socket := fs.String("socket", "", "the ttrpc socket path")
-	readyWait := fs.Duration("ready-timeout", defaultReadyTimeout, "start: how long to wait for the serving shim (a warm one is ready once its run is prepared)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -68,16 +66,13 @@ func Main(args []string, stdout io.Writer, cfg Config) error {
 	}
 	// What the supervisor's parent left open must not reach the runtime.
 	fds.CloseOnExec()
-	switch args[0] {
-	case "start":
-		return bootstrap(*dir, *socket, *readyWait, stdout)
-	case "serve":
+	if args[0] == "serve" {
 		return serve(*dir, *socket, cfg.Runners)
 	}
-	names := []string{"start", "serve", "init"}
+	names := []string{"serve", "init"}
 	for n := range cfg.Commands {
 		names = append(names, n)
 	}
-	sort.Strings(names[3:])
+	sort.Strings(names[2:])
 	return fmt.Errorf("unknown command %q (want %s)", args[0], strings.Join(names, ", "))
 }

@@ -1,14 +1,10 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -21,15 +17,13 @@ import (
 )
 
 const (
-	// bootstrapTimeout bounds `agentconnect-shim start`.
+	// bootstrapTimeout bounds a shim's bootstrap (shimv1.Launch): its start
+	// until it reports ready.
 	bootstrapTimeout = 15 * time.Second
 	// warmBootstrapTimeout bounds it for a warm shim, which answers once
 	// its run is prepared: for a VM, booted (the shim allows two minutes),
 	// at background priority.
 	warmBootstrapTimeout = 3 * time.Minute
-	// readyMargin is what a bootstrap's own wait for its shim leaves of
-	// the bound.
-	readyMargin = 5 * time.Second
 	// dialTimeout bounds connecting to a shim and the handshake. A dead
 	// socket fails at once (no listener: ECONNREFUSED), never the 100 s
 	// containerd once paid; a live shim that was just started among
@@ -100,39 +94,25 @@ func (s *Supervisor) shimFor(n strategy.Name) (string, error) {
 	return s.opts.VMShimBinary, nil
 }
 
-// bootstrapShim runs `start` of the strategy's shim for a session run and
-// returns where the shim listens.
+// bootstrapShim starts the strategy's shim for a session run, listening on
+// socket, and returns its bootstrap.json once it is ready (shimv1.Launch:
+// a shim that is not ready within timeout, or when ctx ends, is killed).
 func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string, timeout time.Duration) (*session.Bootstrap, error) {
 	shim, err := s.shimFor(n)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("not ready after %v", timeout))
 	defer cancel()
-	// The bootstrap gives up first, and stops the shim it started.
-	cmd := exec.CommandContext(ctx, shim, "start", "--session-dir", string(dir), "--socket", socket,
-		"--ready-timeout", (timeout - readyMargin).String())
-	// The shim needs nothing of the daemon's environment, and must not
-	// take its systemd variables (NOTIFY_SOCKET, LISTEN_FDS).
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		// A bootstrap killed by the timeout cannot stop the shim it
-		// started; one that got as far as bootstrap.json is stopped here.
-		if boot, _ := dir.ReadBootstrap(); boot != nil && boot.Run == run {
-			procstat.Kill(boot.PID, boot.StartTime, killWait)
-		}
-		return nil, fmt.Errorf("start shim: %v: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	var ready shimv1.Ready
-	if err := json.Unmarshal(stdout.Bytes(), &ready); err != nil {
-		return nil, fmt.Errorf("start shim: it printed %q: %w", stdout.String(), err)
+	ready, err := shimv1.Launch(ctx, shim, string(dir), socket)
+	if err != nil {
+		return nil, fmt.Errorf("start shim: %w", err)
 	}
 	// bootstrap.json is the shim's own record; read it for the start time.
 	boot, err := dir.ReadBootstrap()
 	if err != nil || boot == nil || boot.PID != ready.PID || boot.Run != run {
 		procstat.Kill(ready.PID, ready.StartTime, killWait)
+		os.Remove(socket)
 		return nil, fmt.Errorf("start shim: bootstrap.json does not name the shim (pid %d): %v", ready.PID, err)
 	}
 	return boot, nil

@@ -15,7 +15,7 @@ import (
 )
 
 func main() {
-	err := shim.Main(os.Args[1:], os.Stdout, shim.Config{
+	err := shim.Main(os.Args[1:], shim.Config{
 		Name:    "agentconnect-shim-vm",
 		Runners: map[strategy.Name]shim.Runner{strategy.Microsandbox: microsandbox.Runner{}},
 		Commands: map[string]func([]string) error{

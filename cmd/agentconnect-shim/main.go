@@ -1,5 +1,5 @@
 // Command agentconnect-shim runs one session of the host and srt strategies:
-// the supervisor starts it with "start"; see package shim. It links none of
+// the supervisor starts it with "serve"; see package shim. It links none of
 // the VM code (cmd/agentconnect-shim-vm runs microsandbox sessions).
 package main
 
@@ -15,7 +15,7 @@ import (
 )
 
 func main() {
-	err := shim.Main(os.Args[1:], os.Stdout, shim.Config{
+	err := shim.Main(os.Args[1:], shim.Config{
 		Name:     "agentconnect-shim",
 		Runners:  map[strategy.Name]shim.Runner{strategy.Host: host.Runner{}, strategy.SRT: srt.Runner()},
 		Commands: map[string]func([]string) error{"sandbox-exec": sandbox.Exec},

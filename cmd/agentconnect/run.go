@@ -19,8 +19,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/fds"
 	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/version"
 	"github.com/agentconnect-md/agentconnect/supervisor"
 )
@@ -76,6 +78,13 @@ func newLogger() *logrus.Logger {
 
 func runDaemon(g *globals, configPath string, requireSandbox bool, startTimeout time.Duration) error {
 	fds.CloseOnExec()
+	// The supervisor starts its shims as its children, and a re-exec
+	// (SIGHUP, restart) keeps this pid: the shims of the image before are
+	// children of this one, which reaps them once they exit. Nothing else
+	// of this image has started a process yet.
+	for _, pid := range procstat.Children(os.Getpid()) {
+		shimv1.Reap(pid)
+	}
 	layout, err := g.layout()
 	if err != nil {
 		return err

@@ -78,6 +78,23 @@ func Alive(pid int, startTime uint64) bool {
 	return startTime == 0 || st.StartTime == startTime
 }
 
+// Children lists the processes whose parent is ppid, exited ones not yet
+// reaped (zombies) among them.
+func Children(ppid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := Read(pid); err == nil && st.PPID == ppid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // StartTime returns the start time of pid, for recording beside it.
 func StartTime(pid int) (uint64, error) {
 	st, err := Read(pid)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -111,14 +110,9 @@ func killOrphans() {
 
 // children lists this process's live children.
 func children() []int {
-	entries, _ := os.ReadDir("/proc")
 	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procstat.Read(pid); err == nil && st.PPID == os.Getpid() && !st.Dead() {
+	for _, pid := range procstat.Children(os.Getpid()) {
+		if procstat.Alive(pid, 0) {
 			pids = append(pids, pid)
 		}
 	}

@@ -1,13 +1,10 @@
 package host
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -25,21 +22,22 @@ import (
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
 
-// The test binary is a shim with the host runner too: the bootstrap
-// re-executes /proc/self/exe.
+// The test binary is a shim with the host runner too: startShim launches
+// /proc/self/exe as one.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "start", "serve", "init":
+		case "serve", "init":
 			cfg := shim.Config{Name: "agentconnect-shim", Runners: map[strategy.Name]shim.Runner{strategy.Host: Runner{}}}
-			if err := shim.Main(os.Args[1:], os.Stdout, cfg); err != nil {
+			if err := shim.Main(os.Args[1:], cfg); err != nil {
 				os.Stderr.WriteString("agentconnect-shim: " + err.Error() + "\n")
 				os.Exit(1)
 			}
 			os.Exit(0)
 		}
 	}
-	// Shims are reparented to this process, which reaps them in waitGone.
+	// What a shim leaves is reparented to this process, which reaps it in
+	// waitGone.
 	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	os.Exit(m.Run())
 }
@@ -75,15 +73,9 @@ func startShimIn(t *testing.T, root string, edit func(*session.Spec), command ..
 		t.Fatal(err)
 	}
 	socket := filepath.Join(root, "shim.sock")
-	var stdout bytes.Buffer
-	cmd := exec.Command("/proc/self/exe", "start", "--session-dir", string(dir), "--socket", socket)
-	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
+	ready, err := shimv1.Launch(context.Background(), "/proc/self/exe", string(dir), socket)
+	if err != nil {
 		t.Fatalf("bootstrap: %v", err)
-	}
-	var ready shimv1.Ready
-	if err := json.Unmarshal(stdout.Bytes(), &ready); err != nil {
-		t.Fatalf("bootstrap printed %q: %v", stdout.String(), err)
 	}
 	conn, err := net.Dial("unix", ready.Address)
 	if err != nil {

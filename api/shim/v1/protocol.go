@@ -15,8 +15,8 @@ const MaxStdinWrite = 1 << 20
 // to answer, so that a slow start ends with the shim's own answer and reason.
 const StartTimeout = 2*time.Minute + 30*time.Second + time.Minute
 
-// Ready is what a serving shim reports to its bootstrap process, and what
-// `agentconnect-shim start` prints: the supervisor reads it.
+// Ready is what a serving shim reports on FDReady once it serves, or why it
+// cannot (Launch).
 type Ready struct {
 	Address string `json:"address"`
 	PID     int    `json:"pid"`
