@@ -58,9 +58,9 @@ type Boundary interface {
 	Release()
 }
 
-// Launch is how a boundary starts: the launcher's command (execed by init)
-// and environment, its stderr (nil: the runtime's own), and the files it
-// gets from fd 5 up.
+// Launch is how a boundary starts: the launcher's command (started in the
+// session's cgroup by StartInCgroup) and environment, its stderr (nil: the
+// runtime's own), and the files it gets from fd 5 up.
 type Launch struct {
 	Argv   []string
 	Env    []string
@@ -81,8 +81,9 @@ func (r Runner) Start(h *shim.Host) (shim.Run, error) {
 }
 
 // Prepare does all of a start that is not the session's own: the pipes, the
-// boundary, and "agentconnect-shim init" in the session's cgroup (for srt,
-// the sandbox up to the runtime's exec). Start binds the rest.
+// boundary, and in the session's cgroup "agentconnect-shim init" (no
+// boundary) or the boundary's launcher (for srt, the sandbox up to the
+// runtime's exec). Start binds the rest.
 func (r Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
 	p, err := r.prepare(h, false)
 	if err != nil {
@@ -147,10 +148,15 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 		cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
 	var l *shim.Launcher
-	if now && p.b == nil {
+	switch {
+	case p.b != nil:
+		// The boundary's launcher (bwrap) is known now: it starts at
+		// once, and the runtime waits in it for the session.
+		l, p.execErr, err = h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra, cred)
+	case now:
 		l, p.execErr, err = h.StartInCgroup(spec.Command, spec.Workspace, spec.Env, stdio, launch.Extra, cred)
 		p.bound = true
-	} else {
+	default:
 		l, err = h.SpawnInCgroup(spec.Workspace, stdio, launch.Extra, cred)
 	}
 	for _, f := range []*os.File{stdinR, stdoutW, stderrW} {
@@ -165,15 +171,10 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 	}
 	p.launcher, p.stdin, p.outputs = l, stdinW, []*os.File{stdoutR, stderrR}
 	p.pid = l.PID
+	st.Done("exec")
 	if p.b == nil {
-		st.Done("exec")
 		return p, nil
 	}
-	// The boundary's launcher (bwrap) runs now; the runtime waits in it.
-	if p.execErr, err = l.Exec(launch.Argv, launch.Env); err != nil {
-		return nil, err
-	}
-	st.Done("exec")
 	if p.execErr == "" {
 		if p.pid, p.spare, err = p.b.Started(h, l.PID); err != nil {
 			p.kill(h)
