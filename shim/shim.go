@@ -13,9 +13,9 @@
 //	        runner; when the runtime exits, the runner ends what is left of
 //	        the run, the shim writes status.json, removes the cgroup, exits
 //	init    wait in the session's cgroup until the shim says what to exec,
-//	        then exec it: a warm host run's runtime, or srt's bwrap (exec
-//	        errors go back to the shim on a pipe); a command known when
-//	        the shim forks (a cold host run, QEMU's bwrap) needs no init
+//	        then exec it: a warm host run's runtime (exec errors go back
+//	        to the shim on a pipe); a command known when the shim forks (a
+//	        cold host run, srt's bwrap, QEMU's bwrap) needs no init
 //
 // and the binary's own commands (Config.Commands), such as sandbox-exec
 // (srt) or share-exec, probe and image (microsandbox).
