@@ -142,6 +142,20 @@ fi
 kver=$(ls "$kroot/lib/modules")
 [ -f "$kroot/boot/vmlinuz-$kver" ] || die "$kdeb has no /boot/vmlinuz-$kver"
 
+# unsign drops the signature appended to a kernel module ("~Module signature
+# appended~" after a 12-byte struct module_signature: signer_len at byte 3,
+# key_id_len at 4, sig_len big-endian at 8). The guest kernel checks it under
+# TCG, hashing the module and verifying RSA in emulation (~10 ms a module,
+# ~160 ms of a VM's start), and enforces nothing: no module.sig_enforce, no
+# lockdown, so an unsigned module loads the same, with an "E" taint.
+unsign() {
+	[ "$(tail -c 28 "$1" | head -c 27)" = "~Module signature appended~" ] || return 0
+	# The 12 bytes of struct module_signature, as numbers: $5 is signer_len.
+	set -- "$1" $(tail -c 40 "$1" | head -c 12 | od -An -tu1)
+	[ $# -eq 13 ] || die "$1: unreadable module signature"
+	truncate -s $(($(stat -c %s "$1") - 40 - $5 - $6 - (${10} << 24 | ${11} << 16 | ${12} << 8 | ${13}))) "$1"
+}
+
 # --- Initramfs: /init is the vmagent; the modules and their dependencies.
 if [ ! -s "$out/initrd.img" ] || [ "$built_vmagent" != "$vmagent_digest" ] || [ ! "$out/initrd.img" -nt "$self" ] ||
 	[ ! "$out/initrd.img" -nt "$kroot.stamp" ]; then
@@ -160,6 +174,7 @@ if [ ! -s "$out/initrd.img" ] || [ "$built_vmagent" != "$vmagent_digest" ] || [ 
 		rel=${ko#"$kroot"/}
 		mkdir -p "$stage/$(dirname "$rel")"
 		cp "$ko" "$stage/$rel"
+		unsign "$stage/$rel"
 	done
 	for f in modules.order modules.builtin modules.builtin.modinfo; do
 		[ ! -f "$kroot/lib/modules/$kver/$f" ] || cp "$kroot/lib/modules/$kver/$f" "$stage/lib/modules/$kver/"
