@@ -278,3 +278,61 @@ func TestWarmVMStale(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmVMBuildCancelledByEdit: an agent edited to no warm boundaries
+// while one is being built (a VM boots for seconds under TCG) has none once
+// its edit is answered: the build is cancelled, its shim killed, and its
+// VM, directories and cgroup gone, rather than booting on to be discarded.
+func TestWarmVMBuildCancelledByEdit(t *testing.T) {
+	requireMicrosandbox(t)
+	h, _ := startVMDaemon(t, "")
+	ok(t, h, "agent", "create", "w", "--strategy", "microsandbox", "--warm", "1", "--", "true")
+	// The build is in flight: its shim serves (bootstrap.json) and the VM
+	// boots, and the agent has no warm boundary ready yet.
+	var building *apisession.Record
+	eventually(t, time.Minute, "a warm VM being built", func() bool {
+		layout := home.Layout{Root: h}
+		entries, _ := os.ReadDir(layout.SessionsDir())
+		for _, e := range entries {
+			dir := apisession.Dir(layout.SessionDir(e.Name()))
+			if rec, err := dir.ReadRecord(); err == nil && rec.Warm {
+				if boot, _ := dir.ReadBootstrap(); boot != nil && procstat.Alive(boot.PID, boot.StartTime) {
+					building = rec
+					return true
+				}
+			}
+		}
+		return false
+	})
+	var a struct {
+		WarmReady int `json:"warmReady"`
+	}
+	okJSON(t, h, &a, "agent", "show", "w")
+	if a.WarmReady != 0 {
+		t.Skip("the warm VM was ready before the edit: this machine booted it too fast to catch the build in flight")
+	}
+	ok(t, h, "agent", "edit", "w", "--warm", "0")
+	if w := warmShims(h); len(w) > 0 {
+		t.Errorf("warm shims alive once agent edit --warm 0 answered: %v", w)
+	}
+	for _, under := range []string{"sessions", "vms"} {
+		if left := vmProcesses(filepath.Join(h, under) + "/"); len(left) > 0 {
+			t.Errorf("processes of the home's %s left once agent edit --warm 0 answered: %v", under, left)
+		}
+	}
+	layout := home.Layout{Root: h}
+	for _, dir := range []string{layout.SessionsDir(), layout.VMsDir()} {
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("%s holds %d entries once the build was cancelled", dir, len(entries))
+		}
+	}
+	left := building.Spec.Cgroup
+	if building.Spec.VM != nil {
+		left = append(left, building.Spec.VM.RunDir)
+	}
+	for _, p := range left {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("the cancelled build's %s is left (%v)", p, err)
+		}
+	}
+}

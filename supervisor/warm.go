@@ -32,7 +32,17 @@ type warmPool struct {
 	ready   map[string][]*warmShim // by agent id
 	filling map[string]bool        // by agent id: a filler runs
 	gen     map[string]uint64      // by agent id: bumped when its warm shims are drained
-	fillers sync.WaitGroup
+	// building is the build in flight, by agent id: a drain cancels it
+	// and waits for done.
+	building map[string]*warmBuild
+	fillers  sync.WaitGroup
+}
+
+// warmBuild is a build in flight. done is closed once it has ended and
+// what it started is gone, or is in the pool.
+type warmBuild struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // warmShim is one prepared shim, connected.
@@ -44,7 +54,7 @@ type warmShim struct {
 }
 
 func newWarmPool() *warmPool {
-	return &warmPool{ready: map[string][]*warmShim{}, filling: map[string]bool{}, gen: map[string]uint64{}}
+	return &warmPool{ready: map[string][]*warmShim{}, filling: map[string]bool{}, gen: map[string]uint64{}, building: map[string]*warmBuild{}}
 }
 
 // fillWarm tops the agent's warm shims up to its Warm, one at a time, in
@@ -80,26 +90,36 @@ func (s *Supervisor) fillWarm(agentID string) {
 				return
 			}
 			// A drain meanwhile (the agent changed) makes what is built
-			// now stale: it is discarded, and the next one is built from
-			// the agent as it is then.
+			// now stale: the build is cancelled (or, done, discarded), and
+			// the next one is built from the agent as it is then.
 			gen := p.gen[agentID]
+			ctx, cancel := context.WithCancel(s.ctx)
+			b := &warmBuild{cancel: cancel, done: make(chan struct{})}
+			p.building[agentID] = b
 			p.mu.Unlock()
-			w, err := s.buildWarm(ag)
-			if err != nil {
-				s.log.WithError(err).WithField("agent", ag.Name).Warn("build a warm boundary; the agent's sessions start cold until the next start tries again")
-				p.mu.Lock()
-				delete(p.filling, agentID)
-				p.mu.Unlock()
-				return
+			w, err := s.buildWarm(ctx, ag)
+			cancel()
+			p.mu.Lock()
+			stale := p.gen[agentID] != gen || s.ctx.Err() != nil
+			p.mu.Unlock()
+			if err == nil && stale {
+				s.discardWarm(w)
 			}
 			p.mu.Lock()
-			if p.gen[agentID] != gen || s.ctx.Err() != nil {
+			delete(p.building, agentID)
+			close(b.done)
+			switch {
+			case stale:
 				p.mu.Unlock()
-				s.discardWarm(w)
-				continue
+			case err != nil:
+				delete(p.filling, agentID)
+				p.mu.Unlock()
+				s.log.WithError(err).WithField("agent", ag.Name).Warn("build a warm boundary; the agent's sessions start cold until the next start tries again")
+				return
+			default:
+				p.ready[agentID] = append(p.ready[agentID], w)
+				p.mu.Unlock()
 			}
-			p.ready[agentID] = append(p.ready[agentID], w)
-			p.mu.Unlock()
 		}
 	}()
 }
@@ -134,8 +154,11 @@ func (s *Supervisor) refillWarm(agentID string, claimed *warmShim) {
 // warmable reports whether a's sessions have warm boundaries.
 func warmable(a agent.Agent) bool { return a.Warm > 0 }
 
-// buildWarm starts one warm shim of ag and waits until its run is prepared.
-func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
+// buildWarm starts one warm shim of ag and waits until its run is prepared,
+// or ctx ends. A build that fails or is cancelled leaves nothing: its shim
+// is killed (shimv1.Launch), and what it prepared goes with its run's
+// leftovers (the sandbox's processes, placeholders, a VM's directories).
+func (s *Supervisor) buildWarm(ctx context.Context, ag agent.Agent) (_ *warmShim, retErr error) {
 	spec, _, err := s.buildSpec(ag, nil) // the secrets' values come with a claim
 	if err != nil {
 		return nil, err
@@ -157,12 +180,10 @@ func (s *Supervisor) buildWarm(ag agent.Agent) (_ *warmShim, retErr error) {
 		ID: id, AgentID: ag.ID, Agent: ag.Name, Strategy: ag.Strategy,
 		CreatedAt: time.Now().UTC(), Run: 1, Spec: spec, Warm: true,
 	}
-	// Not s.ctx: a supervisor that stops lets a build in flight finish
-	// and discards it (closeWarm); one cut short could leave a shim that
-	// the bootstrap started and no one knows of.
 	st := steps.New()
-	conn, boot, err := s.launchShim(context.Background(), dir, rec, st)
+	conn, boot, err := s.launchShim(ctx, dir, rec, st)
 	if err != nil {
+		s.removeRunLeftovers(rec)
 		return nil, err
 	}
 	s.log.WithFields(logrus.Fields{"agent": ag.Name, "warm": id, "shim": boot.PID, "steps": st.String()}).Info("warm boundary ready")
@@ -189,7 +210,7 @@ func (s *Supervisor) claimWarm(ag agent.Agent, spec session.Spec) *warmShim {
 		// The session starts cold meanwhile: the discards are not its
 		// to wait for.
 		log.Info("warm boundaries built from an earlier spec of the agent: discarded")
-		rest := s.takeWarm(ag.ID)
+		rest, _ := s.takeWarm(ag.ID)
 		go s.discardAll(append(rest, w))
 		return nil
 	case !procstat.Alive(w.boot.PID, w.boot.StartTime):
@@ -242,28 +263,38 @@ func (s *Supervisor) waitFilled(agentID string) {
 	}
 }
 
-// drainWarm discards the agent's warm shims, and those being built.
+// drainWarm discards the agent's warm shims and cancels the one being
+// built, and returns once all are gone: an agent edited to fewer warm
+// boundaries (or none) has no more once its edit is answered.
 func (s *Supervisor) drainWarm(agentID string) {
-	s.discardAll(s.takeWarm(agentID))
+	list, building := s.takeWarm(agentID)
+	s.discardAll(list)
+	if building != nil {
+		<-building
+	}
 }
 
-// takeWarm takes the agent's warm shims out of the pool and makes those
-// being built stale.
-func (s *Supervisor) takeWarm(agentID string) []*warmShim {
+// takeWarm takes the agent's warm shims out of the pool and cancels the
+// build in flight, if any, whose end building reports.
+func (s *Supervisor) takeWarm(agentID string) (list []*warmShim, building <-chan struct{}) {
 	p := s.warm
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gen[agentID]++
-	list := p.ready[agentID]
+	list = p.ready[agentID]
 	delete(p.ready, agentID)
-	return list
+	if b := p.building[agentID]; b != nil {
+		b.cancel()
+		building = b.done
+	}
+	return list, building
 }
 
 // closeWarm discards every warm shim once the supervisor stops: the next
 // one builds its own (recovery discards what a killed one left).
 func (s *Supervisor) closeWarm() {
 	p := s.warm
-	p.fillers.Wait() // s.ctx is done: they stop after their current build
+	p.fillers.Wait() // s.ctx is done: their builds are cancelled
 	p.mu.Lock()
 	var all []*warmShim
 	for id, list := range p.ready {
