@@ -99,27 +99,27 @@ func (s *Supervisor) fillWarm(agentID string) {
 			p.mu.Unlock()
 			w, err := s.buildWarm(ctx, ag)
 			cancel()
+			// Staleness and the pool are one step: a drain either finds
+			// the shim in the pool or makes it stale.
 			p.mu.Lock()
 			stale := p.gen[agentID] != gen || s.ctx.Err() != nil
+			if err == nil && !stale {
+				p.ready[agentID] = append(p.ready[agentID], w)
+			}
 			p.mu.Unlock()
 			if err == nil && stale {
-				s.discardWarm(w)
+				s.discardWarm(w) // before done: the drain waits for it
 			}
 			p.mu.Lock()
 			delete(p.building, agentID)
 			close(b.done)
-			switch {
-			case stale:
-				p.mu.Unlock()
-			case err != nil:
+			if err != nil && !stale {
 				delete(p.filling, agentID)
 				p.mu.Unlock()
 				s.log.WithError(err).WithField("agent", ag.Name).Warn("build a warm boundary; the agent's sessions start cold until the next start tries again")
 				return
-			default:
-				p.ready[agentID] = append(p.ready[agentID], w)
-				p.mu.Unlock()
 			}
+			p.mu.Unlock()
 		}
 	}()
 }
