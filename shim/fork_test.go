@@ -26,17 +26,8 @@ import (
 // beside v1 (CLONE_INTO_CGROUP). The shim is never left in it.
 func TestSpawnInCgroup(t *testing.T) {
 	testutil.RequiresRoot(t)
-	m, sup := limits.Setup("agentconnect-test-spawn-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
-	defer m.Close()
-	cg, err := m.Create("s1", session.Limits{Pids: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Remove()
-	cases := map[string]cgroupfs.Cgroup{"session cgroup (" + sup.Mode + ")": cg}
+	cg, mode := sessionCgroup(t, "agentconnect-test-spawn-")
+	cases := map[string]cgroupfs.Cgroup{"session cgroup (" + mode + ")": cg}
 	var st unix.Statfs_t
 	if unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
 		v2 := filepath.Join("/sys/fs/cgroup/unified", fmt.Sprintf("agentconnect-test-spawn-%d", os.Getpid()))
@@ -47,24 +38,13 @@ func TestSpawnInCgroup(t *testing.T) {
 		cases["cgroup v2 beside v1"] = cgroupfs.Cgroup{Dirs: []string{v2}}
 	}
 
-	s := &service{reaper: newReaper()}
-	sigchld := make(chan os.Signal, 1)
-	signal.Notify(sigchld, syscall.SIGCHLD)
-	defer signal.Stop(sigchld)
-	go s.reaper.run(sigchld)
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer devnull.Close()
+	s := reapingService(t)
+	devnull := devNull(t)
 	own := readCgroups(t, "self")
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			logs := &recordHook{}
-			logger := logrus.New()
-			logger.SetLevel(logrus.DebugLevel)
-			logger.AddHook(logs)
-			s.cg, s.log = c, logrus.NewEntry(logger)
+			s.cg, s.log = c, debugLog(logs)
 			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -92,30 +72,11 @@ func TestSpawnInCgroup(t *testing.T) {
 // says why: strategy/host's TestExecErrors, with the shim's binary.)
 func TestStartInCgroupForksTheCommand(t *testing.T) {
 	testutil.RequiresRoot(t)
-	m, sup := limits.Setup("agentconnect-test-start-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
-	defer m.Close()
-	cg, err := m.Create("s1", session.Limits{Pids: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Remove()
+	cg, _ := sessionCgroup(t, "agentconnect-test-start-")
 	logs := &recordHook{}
-	logger := logrus.New()
-	logger.SetLevel(logrus.DebugLevel)
-	logger.AddHook(logs)
-	s := &service{reaper: newReaper(), cg: cg, log: logrus.NewEntry(logger)}
-	sigchld := make(chan os.Signal, 1)
-	signal.Notify(sigchld, syscall.SIGCHLD)
-	defer signal.Stop(sigchld)
-	go s.reaper.run(sigchld)
-	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer devnull.Close()
+	s := reapingService(t)
+	s.cg, s.log = cg, debugLog(logs)
+	devnull := devNull(t)
 	stdio := [3]*os.File{devnull, devnull, devnull}
 
 	env := []string{"PATH=/usr/bin:/bin", "ONLY=this"}
@@ -141,6 +102,53 @@ func TestStartInCgroupForksTheCommand(t *testing.T) {
 	if pgid, err := syscall.Getpgid(l.PID); err != nil || pgid != l.PID {
 		t.Errorf("process group = %d, %v; want its own (%d)", pgid, err, l.PID)
 	}
+}
+
+// sessionCgroup makes a session cgroup as this host's daemon would, under a
+// parent named prefix and this process's pid, and returns it with the
+// host's cgroup mode; the test removes both.
+func sessionCgroup(t *testing.T, prefix string) (cgroupfs.Cgroup, string) {
+	t.Helper()
+	m, sup := limits.Setup(prefix + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	t.Cleanup(m.Close)
+	cg, err := m.Create("s1", session.Limits{Pids: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Remove() })
+	return cg, sup.Mode
+}
+
+// reapingService is a service whose reaper collects its children's exits
+// for the test's length.
+func reapingService(t *testing.T) *service {
+	s := &service{reaper: newReaper()}
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	t.Cleanup(func() { signal.Stop(sigchld) })
+	go s.reaper.run(sigchld)
+	return s
+}
+
+func devNull(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// debugLog logs at debug level into logs.
+func debugLog(logs *recordHook) *logrus.Entry {
+	logger := logrus.New()
+	logger.SetLevel(logrus.DebugLevel)
+	logger.AddHook(logs)
+	return logrus.NewEntry(logger)
 }
 
 // recordHook keeps what is logged at debug level: the fallback's message.

@@ -458,13 +458,13 @@ func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private run
 // and starts and connects to its shim; ctx ends the bootstrap and the dial.
 // On an error nothing of it is left. st times the steps.
 //
-// The shim's bootstrap (two process starts, ~7 ms) needs neither a cold
-// run's cgroup nor a new session's record on disk: the shim reads the
-// record, and touches the cgroup only at Start. Both are done beside it,
-// and launchShim returns once they are. A warm build prepares its run
-// before it reports ready, so its cgroup comes first; a resumed session's
-// record replaces one that a power loss must not tear, so it is synced
-// before the shim starts.
+// The shim's bootstrap (its process start until it is ready, ~3-4 ms)
+// needs neither a cold run's cgroup nor a new session's record on disk: the
+// shim reads the record, and touches the cgroup only at Start. Both are
+// done beside it, and launchShim returns once they are. A warm build
+// prepares its run before it reports ready, so its cgroup comes first; a
+// resumed session's record replaces one that a power loss must not tear,
+// so it is synced before the shim starts.
 func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *session.Record, st *steps.Steps) (_ *shimConn, _ *session.Bootstrap, retErr error) {
 	var beside errgroup.Group
 	defer beside.Wait() // on an early return: nothing of ours runs on

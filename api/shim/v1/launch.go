@@ -26,8 +26,9 @@ const (
 // Launch starts `BINARY serve` for the session run whose directory is dir,
 // listening on socket: the supervisor's side of a shim's bootstrap. The shim
 // runs in a session of its own (setsid: a signal to the supervisor's group
-// never reaches it), with only PATH of the caller's environment, the
-// listener as FDListener, and its stdout and stderr appended to dir's
+// never reaches it), with only PATH of the caller's environment (it needs
+// nothing else, and must not take a daemon's systemd variables,
+// NOTIFY_SOCKET or LISTEN_FDS), the listener as FDListener, and its stdout and stderr appended to dir's
 // shim.log. Launch returns once the shim reports ready on FDReady; when it
 // reports an error, exits first, or ctx ends, the shim is killed and reaped
 // and the socket removed before Launch returns why.
