@@ -83,6 +83,8 @@ deny git-hook-create sh -c 'echo "#!/bin/sh" > .git/hooks/post-checkout'
 deny git-config-write sh -c 'echo "[core]" >> .git/config'
 deny git-config-by-git git config core.fsmonitor 'touch /tmp/pwned'
 deny git-mv-escape sh -c 'mv .git .git2 && mkdir -p .git/hooks && echo x > .git/hooks/pre-commit'
+deny git-hooks-umount sh -c 'umount .git/hooks || umount -l .git/hooks; echo x > .git/hooks/pre-commit'
+deny git-rename-hooks mv .git/hooks .git/hooks2
 deny home-gitconfig sh -c 'echo "[alias]" > "$HOME/.gitconfig"'
 deny home-bashrc sh -c 'echo x >> "$HOME/.bashrc"'
 deny workspace-mcp sh -c 'echo {} > .mcp.json'

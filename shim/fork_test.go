@@ -45,7 +45,7 @@ func TestSpawnInCgroup(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			logs := &recordHook{}
 			s.cg, s.log = c, debugLog(logs)
-			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil)
+			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func TestStartInCgroupForksTheCommand(t *testing.T) {
 	stdio := [3]*os.File{devnull, devnull, devnull}
 
 	env := []string{"PATH=/usr/bin:/bin", "ONLY=this"}
-	l, execErr, err := s.startInCgroup([]string{"sleep", "60"}, "/", env, stdio, nil, nil)
+	l, execErr, err := s.startInCgroup([]string{"sleep", "60"}, "/", env, stdio, nil, nil, nil)
 	if err != nil || execErr != "" {
 		t.Fatalf("startInCgroup = %v, exec error %q", err, execErr)
 	}

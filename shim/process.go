@@ -20,6 +20,7 @@ import (
 	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/execmsg"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
+	"github.com/agentconnect-md/agentconnect/internal/protect"
 	"github.com/agentconnect-md/agentconnect/internal/steps"
 )
 
@@ -57,7 +58,7 @@ func Pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 // until the child has exited. The shim's reaper reaps it; its status comes
 // on the returned channel.
 func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
-	pid, exited, _, err := s.fork(path, argv, attr, false)
+	pid, exited, _, err := s.fork(path, argv, attr, false, nil)
 	return pid, exited, err
 }
 
@@ -66,8 +67,10 @@ func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-c
 // forking from a thread that entered the cgroup (cgroupfs.EnterThread).
 // inside reports whether it was; if not, the caller moves it. A child that
 // started comes with its pid even when err is set (the thread could not
-// leave the cgroup): the caller kills it.
-func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup bool) (pid int, exited <-chan syscall.WaitStatus, inside bool, err error) {
+// leave the cgroup): the caller kills it. With premount, the forking thread
+// gets a mount namespace of its own (protect.NewMountNS), premount mounts
+// in it, and the child is born there; its error is a *PremountError.
+func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup bool, premount func() error) (pid int, exited <-chan syscall.WaitStatus, inside bool, err error) {
 	if attr.Sys == nil {
 		attr.Sys = &syscall.SysProcAttr{}
 	}
@@ -99,6 +102,16 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 		// which is fine only after the child is gone (and the only way
 		// out of the cgroup should the move back fail).
 		var res result
+		if premount != nil {
+			if err := protect.NewMountNS(); err != nil {
+				started <- result{err: &PremountError{err}}
+				return
+			}
+			if err := premount(); err != nil {
+				started <- result{err: &PremountError{err}}
+				return
+			}
+		}
 		var leave func() error
 		if inCgroup && len(s.cg.Dirs) > 0 {
 			dir, err := s.cg.OpenV2()
@@ -134,6 +147,12 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 	res := <-started
 	return res.pid, exitStatus, res.inside, res.err
 }
+
+// PremountError is why a start's mount namespace could not be made.
+type PremountError struct{ Err error }
+
+func (e *PremountError) Error() string { return "the boundary's mounts: " + e.Err.Error() }
+func (e *PremountError) Unwrap() error { return e.Err }
 
 // helperTimeout bounds a helper command of the shim's (mke2fs).
 const helperTimeout = time.Minute
@@ -206,8 +225,9 @@ type Launcher struct {
 // spawnInCgroup starts init in its own process group with stdio and extra
 // files (at fds 5 and up) and places it in the session's cgroup; it execs
 // what Exec gives it. With cred, the launcher (init, then what it execs)
-// runs as that account.
-func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {
+// runs as that account; with premount, in a mount namespace of its own
+// (see fork).
+func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential, premount func() error) (*Launcher, error) {
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -222,7 +242,7 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 	attr := &os.ProcAttr{Dir: dir, Env: []string{}, Files: files,
 		// The session's own process group: kill(-pid) reaches its children.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-	pid, exited, inside, err := s.fork("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr, true)
+	pid, exited, inside, err := s.fork("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr, true, premount)
 	syncR.Close()
 	errW.Close()
 	l := &Launcher{PID: pid, Exited: exited, syncW: syncW, errR: errR}
@@ -249,13 +269,18 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 // env's PATH, or whose direct start fails (it cannot run, the directory is
 // missing), goes through init after all, which reports the exec error the
 // way a late-bound start does. The launcher it returns has run its Exec.
-func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, string, error) {
+// premount is fork's.
+func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential, premount func() error) (*Launcher, string, error) {
 	if path, err := execmsg.LookPath(argv[0], env); err == nil {
 		// fds 3 and 4 closed, as init's are once it execs.
 		files := append([]*os.File{stdio[0], stdio[1], stdio[2], nil, nil}, extra...)
 		attr := &os.ProcAttr{Dir: dir, Env: env, Files: files,
 			Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-		pid, exited, inside, err := s.fork(path, argv, attr, true)
+		pid, exited, inside, err := s.fork(path, argv, attr, true, premount)
+		var pe *PremountError
+		if errors.As(err, &pe) {
+			return nil, "", err // init would fail the same way
+		}
 		if err == nil && !inside {
 			err = s.cg.Add(pid)
 		}
@@ -269,7 +294,7 @@ func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [
 		}
 		s.log.WithError(err).Debug("start the runtime through init, which reports why it cannot")
 	}
-	l, err := s.spawnInCgroup(dir, stdio, extra, cred)
+	l, err := s.spawnInCgroup(dir, stdio, extra, cred, premount)
 	if err != nil {
 		return nil, "", err
 	}

@@ -100,6 +100,9 @@ type Check struct {
 
 // RootPlan is the protection of one root.
 type RootPlan struct {
+	// Host is the root's directory on the host ("" for a root shared
+	// read-only, which has no binds beneath it).
+	Host   string
 	Binds  []Bind
 	Checks []Check
 }
@@ -181,7 +184,7 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 			return nil, err
 		}
 		p.plan.roots = append(p.plan.roots, Root{Host: r.Host, Dir: own, Target: r.Target, Home: r.Home, Workspace: r.Workspace})
-		p.root = RootPlan{}
+		p.root = RootPlan{Host: r.Host}
 		err = p.protectRoot(r)
 		p.plan.Roots = append(p.plan.Roots, p.root)
 		if err != nil {
