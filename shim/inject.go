@@ -109,7 +109,7 @@ func (h *Host) StartInjector(trustedPEM string) (_ *Injector, caPEM []byte, retE
 	if err != nil {
 		return notStarted(err)
 	}
-	pid, _, err := h.Spawn(path, []string{"agentconnect-inject"}, &os.ProcAttr{Files: []*os.File{stdinR, stdoutW, stderrW, theirs}})
+	pid, _, err := h.Spawn(path, []string{"agentconnect-inject"}, &os.ProcAttr{Files: []*os.File{stdinR, stdoutW, stderrW, theirs}}, nil)
 	// Now, not at return: its stdout must end when it does.
 	for _, f := range childEnds {
 		f.Close()

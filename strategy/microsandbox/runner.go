@@ -113,9 +113,16 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	if vm.tools, err = microvm.FindTools(); err != nil {
 		return nil, shim.SandboxSetupError(err)
 	}
-	if err := microvm.PrepareDisks(vm.cfg, h.RunHelper); err != nil {
-		return nil, shim.SandboxSetupError(err)
-	}
+	// The disks are formatted (two mke2fs runs, ~20 ms each) while the
+	// network and the shares' daemons start; a return waits for them first,
+	// so that abort finds them done.
+	disks := make(chan error, 1)
+	go func() { disks <- microvm.PrepareDisks(vm.cfg, h.RunHelper) }()
+	defer func() {
+		if disks != nil {
+			<-disks
+		}
+	}()
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
 		return nil, shim.SandboxSetupError(err)
 	}
@@ -125,12 +132,23 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	if err := vm.protectShares(); err != nil {
 		return nil, shim.SandboxSetupError(err)
 	}
+	// Each virtiofsd takes ~17 ms to listen (bwrap's binds, its own
+	// start): they start together, then the shim waits for all.
 	for i := range vm.cfg.Shares {
 		if err := vm.startVirtiofsd(i); err != nil {
 			return nil, shim.SandboxSetupError(err)
 		}
 	}
+	for i := range vm.cfg.Shares {
+		if err := vm.virtiofsdListens(i); err != nil {
+			return nil, shim.SandboxSetupError(err)
+		}
+	}
 	vm.plan.CloseBinds()
+	err, disks = <-disks, nil
+	if err != nil {
+		return nil, shim.SandboxSetupError(err)
+	}
 	vm.st.Done("devices")
 
 	// QEMU's stderr tells why it failed, when it does.
@@ -395,7 +413,8 @@ func (vm *vmRun) protectShares() error {
 }
 
 // startVirtiofsd starts the daemon serving share i, confined in bwrap with
-// the share bound from its fd (see microvm.Config.VirtiofsdLaunch).
+// the share bound from its fd (see microvm.Config.VirtiofsdLaunch);
+// virtiofsdListens waits until it listens.
 func (vm *vmRun) startVirtiofsd(i int) error {
 	sh := vm.cfg.Shares[i]
 	sock := vm.cfg.ShareSocket(i)
@@ -416,7 +435,16 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 		return err
 	}
 	defer exe.Close()
-	args, files := vm.cfg.VirtiofsdLaunch(vm.tools.Virtiofsd, i, exe, rp.Binds, checks)
+	// A root daemon mounts the protected names itself (protect.Premount),
+	// as srt does: bwrap then binds only the share, with them in it.
+	binds := rp.Binds
+	var premount func() error
+	if len(binds) > 1 && protect.CanPremount() {
+		roots := []protect.RootPlan{rp}
+		premount = func() error { return protect.Premount(roots) }
+		binds = binds[:1]
+	}
+	args, files := vm.cfg.VirtiofsdLaunch(vm.tools.Virtiofsd, i, exe, binds, checks)
 	// What virtiofsd says goes to the shim's log, bounded: the guest's
 	// requests are what it answers.
 	msgR, msgW, err := os.Pipe()
@@ -441,20 +469,28 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 			GidMappingsEnableSetgroups: true,
 			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
 		}}
-	pid, exited, err := vm.h.Spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr)
+	pid, exited, err := vm.h.Spawn(vm.tools.Bwrap, append([]string{"bwrap"}, args...), attr, premount)
 	msgW.Close()
 	if err != nil {
 		return fmt.Errorf("virtiofsd for %s: %w", sh.Source, err)
 	}
 	vm.helpers = append(vm.helpers, pid)
 	vm.helperEx = append(vm.helperEx, exited)
+	return nil
+}
+
+// virtiofsdListens waits until share i's virtiofsd listens on its socket,
+// for 10 s at most.
+func (vm *vmRun) virtiofsdListens(i int) error {
+	sh, sock := vm.cfg.Shares[i], vm.cfg.ShareSocket(i)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err == nil {
 			return nil
 		}
 		select {
-		case <-exited:
+		case <-vm.helperEx[i]:
+			vm.helperEx[i] = nil // reaped: stop has nothing to wait for
 			return fmt.Errorf("virtiofsd for %s exited before it listened (see shim.log)", sh.Source)
 		case <-time.After(5 * time.Millisecond):
 		}
@@ -649,6 +685,9 @@ func (vm *vmRun) stop() {
 		vm.h.Signal(p, syscall.SIGKILL)
 	}
 	for _, ex := range vm.helperEx {
+		if ex == nil {
+			continue
+		}
 		select {
 		case <-ex:
 		case <-time.After(shim.KillTimeout):
