@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/strategy"
@@ -230,7 +231,7 @@ func (p *parser) host(v any) {
 			switch key {
 			case "user":
 				p.c.Host.User = p.str(name, v[key])
-				if !userName.MatchString(p.c.Host.User) && p.err == nil {
+				if !userName().MatchString(p.c.Host.User) && p.err == nil {
 					p.fail(name, "want the name of an account such as \"agentconnect\", got %q", p.c.Host.User)
 				}
 			default:
@@ -243,7 +244,8 @@ func (p *parser) host(v any) {
 }
 
 // userName is an account name as useradd takes it.
-var userName = regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`)
+// Compiled when first used, not at every start of the binary.
+var userName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`) })
 
 func (p *parser) srt(v any) {
 	switch v := v.(type) {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -29,7 +30,8 @@ const maxSocketPath = 107
 // directory: the admin socket or a shim's "<16 hex>.sock".
 const longestSocketName = len(AdminSocketName)
 
-var instanceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+// Compiled when first used, not at every CLI start.
+var instanceName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`) })
 
 // Resolve picks the home: --home, then $AGENTCONNECT_HOME, then --instance
 // (~/.agentconnect/instances/NAME), then ~/.agentconnect. The result is
@@ -38,7 +40,7 @@ func Resolve(flagHome, instance string) (string, error) {
 	if flagHome != "" && instance != "" {
 		return "", errors.New("use --home or --instance, not both")
 	}
-	if instance != "" && !instanceName.MatchString(instance) {
+	if instance != "" && !instanceName().MatchString(instance) {
 		return "", fmt.Errorf("instance name %q: use letters, digits, '.', '_' and '-' (at most 63), starting with a letter or digit", instance)
 	}
 	dir := flagHome

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -13,7 +12,7 @@ import (
 const maxLoginTemplate = 64 << 10
 
 // loginMarker is a token's place in a login template: {{SECRET}}.
-var loginMarker = regexp.MustCompile(`\{\{([A-Za-z0-9][A-Za-z0-9._-]{0,62})\}\}`)
+var loginMarker = lazyRegexp(`\{\{([A-Za-z0-9][A-Za-z0-9._-]{0,62})\}\}`)
 
 // LoginSecrets are the names of the secrets a login's template holds, in
 // the order they first appear.
@@ -22,7 +21,7 @@ func (l *Login) LoginSecrets() []string {
 		return nil
 	}
 	var names []string
-	for _, m := range loginMarker.FindAllStringSubmatch(l.Template, -1) {
+	for _, m := range loginMarker().FindAllStringSubmatch(l.Template, -1) {
 		if !slices.Contains(names, m[1]) {
 			names = append(names, m[1])
 		}
@@ -33,7 +32,7 @@ func (l *Login) LoginSecrets() []string {
 // Render is the credentials file with each secret's marker replaced by
 // what value(name) gives for it.
 func (l *Login) Render(value func(name string) string) string {
-	return loginMarker.ReplaceAllStringFunc(l.Template, func(m string) string {
+	return loginMarker().ReplaceAllStringFunc(l.Template, func(m string) string {
 		return value(m[2 : len(m)-2])
 	})
 }

@@ -66,7 +66,8 @@ var TokenFields = []string{"access_token", "refresh_token", "id_token"}
 // request headers.
 const MaxValue = 16 << 10
 
-var headerPattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9a-z-]{1,64}$")
+// Compiled when first used, not at every CLI start.
+var headerPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile("^[!#$%&'*+.^_`|~0-9a-z-]{1,64}$") })
 
 // Preset is a service's usual hosts and headers.
 type Preset struct {
@@ -147,7 +148,7 @@ func normalize(s *Secret) error {
 	headers := make([]string, 0, len(s.Headers))
 	for _, h := range s.Headers {
 		clean := strings.ToLower(strings.TrimSpace(h))
-		if !headerPattern.MatchString(clean) {
+		if !headerPattern().MatchString(clean) {
 			return errdefs.InvalidArgument("secret %s: header %q is not a header name (for example authorization or x-api-key)", s.Name, h)
 		}
 		headers = append(headers, clean)

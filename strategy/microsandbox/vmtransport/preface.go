@@ -7,6 +7,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -34,12 +35,13 @@ var ErrBadPreface = errors.New("bad preface")
 
 // idPattern is the process id charset: the same as the daemon's names, so
 // an id is safe in a preface line, a log line and a file name.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+// Compiled when first used, not at every start of the binary.
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`) })
 
 // CheckID returns an error unless id is a valid process id: 1 to 63
 // letters, digits, '_', '.' or '-', starting with a letter or digit.
 func CheckID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !idPattern().MatchString(id) {
 		return fmt.Errorf("invalid process id %q: want 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit", id)
 	}
 	return nil
