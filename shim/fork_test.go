@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -171,4 +172,52 @@ func readText(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// With premount, the command starts in a mount namespace of its own in
+// which premount mounted, and the host sees none of it; a premount that
+// fails starts nothing, not even through init.
+func TestStartInCgroupPremount(t *testing.T) {
+	testutil.RequiresRoot(t)
+	cg, _ := sessionCgroup(t, "agentconnect-test-premount-")
+	logs := &recordHook{}
+	s := reapingService(t)
+	s.cg, s.log = cg, debugLog(logs)
+	devnull := devNull(t)
+	dir := t.TempDir()
+	out, err := os.Create(filepath.Join(dir, "mountinfo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	target := filepath.Join(dir, "covered")
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=/usr/bin:/bin"}
+	premount := func() error { return unix.Mount("tmpfs", target, "tmpfs", 0, "size=1m") }
+	l, execErr, err := s.startInCgroup([]string{"cat", "/proc/self/mountinfo"}, "/", env, [3]*os.File{devnull, out, devnull}, nil, nil, premount)
+	if err != nil || execErr != "" {
+		t.Fatalf("startInCgroup with premount = %v, exec error %q", err, execErr)
+	}
+	<-l.Exited
+	if !strings.Contains(readText(t, out.Name()), " "+target+" ") {
+		t.Errorf("the command's mounts lack the premount's tmpfs at %s", target)
+	}
+	if strings.Contains(readText(t, "/proc/self/mountinfo"), " "+target+" ") {
+		t.Errorf("the premount's tmpfs at %s reached the host's namespace", target)
+	}
+
+	refused := errors.New("a protected name changed")
+	_, _, err = s.startInCgroup([]string{"sleep", "60"}, "/", env, [3]*os.File{devnull, devnull, devnull}, nil, nil, func() error { return refused })
+	var pe *PremountError
+	if !errors.As(err, &pe) || !errors.Is(err, refused) {
+		t.Fatalf("startInCgroup with a failing premount = %v, want a PremountError wrapping it", err)
+	}
+	if len(logs.entries) > 0 {
+		t.Errorf("a failed premount went on through init: %v", logs.entries)
+	}
+	if procs := strings.Fields(readText(t, filepath.Join(cg.Dirs[0], "cgroup.procs"))); len(procs) != 0 {
+		t.Errorf("the session's cgroup holds %v after a failed premount", procs)
+	}
 }

@@ -169,6 +169,12 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 		launch.Close()
 	}
 	closers = []*os.File{stdinW, stdoutR, stderrR}
+	var premountErr *shim.PremountError
+	if errors.As(err, &premountErr) {
+		// A protected name swapped since Prepare: the boundary's own
+		// refusal, as Verify's inside would be.
+		return nil, shim.SandboxSetupError(premountErr.Err)
+	}
 	if err != nil {
 		return nil, err
 	}
