@@ -2,26 +2,24 @@ package protect
 
 import (
 	"fmt"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
 // Premount makes the binds beneath each of roots (its protected names; not
-// the root itself) on the host, in the calling thread's mount namespace, which
-// must be a private one of its own, a slave of the host's (see NewMountNS):
-// a boundary started from that thread then binds each root recursively and
-// gets them with it. bwrap parses the whole mount table again for every
-// bind it makes, ~300 µs each here, and a session has ~65 of them; a
-// mount(2) of our own costs ~20 µs.
+// the root itself) on the host, in the calling thread's mount namespace,
+// which must be a private one of its own, a slave of the host's (see
+// NewMountNS): a boundary started from that thread then binds each root
+// recursively and gets them with it. bwrap parses the whole mount table
+// again for every bind it makes, ~300 µs each here, and a session has ~55
+// of them; a bind of our own costs ~20 µs.
 //
 // Each name is opened again beneath its root, in this namespace, without
 // following a symlink, and must be the object the plan opened: a swap since
 // Prepare fails the start, as Verify would inside. Read-only binds are
 // read-only, and all are nosuid and nodev, as bwrap would make them (so it
-// has nothing to remount).
-// It reads only the roots' hosts and checks, not the binds' fds, which the
-// boundary may have closed by then.
+// has nothing to remount). It reads only the roots' hosts and checks, not
+// the binds' fds, which the boundary may have closed by then.
 func Premount(roots []RootPlan) error {
 	for _, r := range roots {
 		if len(r.Binds) < 2 {
@@ -51,40 +49,38 @@ func premountRoot(r RootPlan) error {
 	return nil
 }
 
-// premountOne binds c.Rel beneath root onto itself, then makes the new
-// mount read-only (when c says so), nosuid and nodev.
+// premountOne binds c.Rel beneath root onto itself, read-only (when c says
+// so), nosuid and nodev from the moment it appears: the bind is made
+// detached from the object opened (open_tree), given its flags
+// (mount_setattr), and attached onto that same object (move_mount), so
+// that no path is looked up again between the check and the mount.
 func premountOne(root int, host string, c Check) error {
-	open := func() (int, error) {
-		return unix.Openat2(root, c.Rel, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-	}
 	shown := host + "/" + c.Rel
-	fd, err := open()
+	fd, err := unix.Openat2(root, c.Rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
 	if err != nil {
 		return fmt.Errorf("protected path %s changed since the boundary was planned (%v): start the session again", shown, err)
 	}
-	err = sameObject(fd, shown, c)
-	if err == nil {
-		err = unix.Mount(fdPath(fd), fdPath(fd), "", unix.MS_BIND, "")
-	}
-	unix.Close(fd)
-	if err != nil {
-		return fmt.Errorf("bind %s read-only: %w", shown, err)
-	}
-	// The fd opened before the bind is the name beneath it; opened again,
-	// it is the bind's root, whose flags are the bind's own.
-	if fd, err = open(); err != nil {
-		return fmt.Errorf("bind %s read-only: %w", shown, err)
-	}
 	defer unix.Close(fd)
-	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
-	if c.ReadOnly {
-		flags |= unix.MS_RDONLY
+	if err := sameObject(fd, shown, c); err != nil {
+		return err
 	}
-	if err := unix.Mount("", fdPath(fd), "", flags, ""); err != nil {
+	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", shown, err)
+	}
+	defer unix.Close(tree)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if c.ReadOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		return fmt.Errorf("bind %s read-only: %w", shown, err)
+	}
+	if err := unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s: %w", shown, err)
 	}
 	return nil
 }
@@ -100,10 +96,6 @@ func sameObject(fd int, shown string, c Check) error {
 	}
 	return nil
 }
-
-// fdPath is fd's path for mount(2): the calling thread's, whose mount
-// namespace may be its own.
-func fdPath(fd int) string { return "/proc/thread-self/fd/" + strconv.Itoa(fd) }
 
 // NewMountNS gives the calling thread a mount namespace of its own, a slave
 // of the host's (so that nothing mounted in it reaches the host, and the
