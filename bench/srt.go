@@ -217,5 +217,43 @@ func benchSrtExec(ctx context.Context, d *daemon, c counts, rep *report) error {
 		rep.note(m, "ratio agentconnect / srt", "unavailable: no srt time")
 	}
 	rep.add(m, "ratio agentconnect / bwrap", ac/bwrap.t.median(), "x", 2, "")
+	return srtSteps(ctx, d, a, c, rep)
+}
+
+// srtSteps reports where a cold srt start's time goes inside the shim, from
+// the steps of its "runtime started" log line, over a few starts of true.
+func srtSteps(ctx context.Context, d *daemon, a *admin, c counts, rep *report) error {
+	const m = "srt cold start: the shim's steps"
+	names := []string{"boundary", "exec", "sandbox"}
+	got := map[string]*samples{}
+	for _, name := range names {
+		got[name] = &samples{}
+	}
+	for range c.SrtExecs {
+		s, err := a.StartSession(ctx, &adminv1.StartSessionRequest{Agent: srtAgent, Command: []string{"true"}})
+		if err != nil {
+			return fmt.Errorf("%s: start session: %w", m, err)
+		}
+		steps, err := runtimeSteps(d, s.Id)
+		if _, werr := a.WaitSession(ctx, &adminv1.WaitSessionRequest{Id: s.Id}); werr != nil && err == nil {
+			err = werr
+		}
+		if _, rerr := a.RemoveSession(ctx, &adminv1.RemoveSessionRequest{Id: s.Id}); rerr != nil && err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+		for _, name := range names {
+			dur, ok := steps[name]
+			if !ok {
+				return fmt.Errorf("%s: session %s: no %q in its shim's steps", m, s.Id, name)
+			}
+			got[name].add(dur)
+		}
+	}
+	for _, name := range names {
+		rep.add(m, name, got[name].median(), "ms", 0, fmt.Sprintf("median of %d starts of true, one at a time", len(*got[name])))
+	}
 	return nil
 }
