@@ -53,6 +53,14 @@ func Pipe(shimReads bool) (shimEnd, childEnd *os.File, err error) {
 	return os.NewFile(uintptr(r), "shim"), os.NewFile(uintptr(w), "runtime"), nil
 }
 
+// The main goroutine keeps the main thread, from before any other goroutine
+// runs: fork's goroutine returns with its thread locked once the thread has
+// a mount namespace of its own (or could not leave the session's cgroup),
+// which ends the thread; but Go cannot end the main thread, and wedges it
+// instead, in that namespace or cgroup for the shim's life, where /proc/self
+// would show it.
+func init() { runtime.LockOSThread() }
+
 // spawn starts a child of the shim that dies with it: Pdeathsig fires when
 // the thread that forked dies, so that thread stays locked to a goroutine
 // until the child has exited. The shim's reaper reaps it; its status comes

@@ -13,6 +13,11 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/testutil"
 )
 
+// The main goroutine keeps the main thread, as the shim's does: a thread
+// left in a namespace of its own ends with its goroutine, unless it is the
+// main thread, which Go wedges instead (and /proc/self is the main thread).
+func init() { runtime.LockOSThread() }
+
 // inMountNS runs f on a thread of its own with a mount namespace of its own,
 // as a shim's forking thread does, and returns f's error; the thread ends
 // with it.
