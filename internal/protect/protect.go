@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -185,38 +184,9 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 			return nil, err
 		}
 		p.plan.roots = append(p.plan.roots, Root{Host: r.Host, Dir: own, Target: r.Target, Home: r.Home, Workspace: r.Workspace})
-	}
-	// The roots are planned at once, each by a planner of its own, then
-	// merged in order: a root takes ~1000 syscalls (a dozen placeholders
-	// and their parents, each opened beneath the root), 4-8 ms here. A
-	// directory given twice is planned by one planner, in order, as before.
-	subs := make([]*planner, len(roots))
-	errs := make([]error, len(roots))
-	byDir := map[string][]int{}
-	var order []string
-	for i, r := range roots {
-		subs[i] = &planner{plan: &Plan{}, root: RootPlan{Host: r.Host}}
-		key := filepath.Clean(r.Host)
-		if _, ok := byDir[key]; !ok {
-			order = append(order, key)
-		}
-		byDir[key] = append(byDir[key], i)
-	}
-	var wg sync.WaitGroup
-	for _, key := range order {
-		wg.Go(func() {
-			for _, i := range byDir[key] {
-				errs[i] = subs[i].protectRoot(roots[i])
-			}
-		})
-	}
-	wg.Wait()
-	for _, sub := range subs {
-		p.placeholders = append(p.placeholders, sub.placeholders...)
-		p.plan.GitDirs = append(p.plan.GitDirs, sub.plan.GitDirs...)
-		p.plan.Roots = append(p.plan.Roots, sub.root)
-	}
-	for _, err := range errs {
+		p.root = RootPlan{Host: r.Host}
+		err = p.protectRoot(r)
+		p.plan.Roots = append(p.plan.Roots, p.root)
 		if err != nil {
 			return nil, err
 		}
