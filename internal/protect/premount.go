@@ -2,6 +2,7 @@ package protect
 
 import (
 	"fmt"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,41 +50,53 @@ func premountRoot(r RootPlan) error {
 	return nil
 }
 
-// premountOne binds c.Rel beneath root onto itself, read-only (when c says
-// so), nosuid and nodev from the moment it appears: the bind is made
-// detached from the object opened (open_tree), given its flags
-// (mount_setattr), and attached onto that same object (move_mount), so
-// that no path is looked up again between the check and the mount.
+// premountOne binds c.Rel beneath root onto itself, then makes the bind
+// read-only (when c says so), nosuid and nodev. Two calls of mount(2), of
+// which only the bind takes the kernel's global namespace lock for writing
+// (the remount changes flags under the mount hash's lock): with hundreds of
+// sessions starting at once that lock is what they wait for, and
+// open_tree, mount_setattr and move_mount took it three times a name.
+// The remount finds the bind by opening the name again: a name swapped in
+// between gets the flags, or fails, and Verify inside refuses the start.
 func premountOne(root int, host string, c Check) error {
+	open := func() (int, error) {
+		return unix.Openat2(root, c.Rel, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+	}
 	shown := host + "/" + c.Rel
-	fd, err := unix.Openat2(root, c.Rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
+	fd, err := open()
 	if err != nil {
 		return fmt.Errorf("protected path %s changed since the boundary was planned (%v): start the session again", shown, err)
 	}
-	defer unix.Close(fd)
-	if err := sameObject(fd, shown, c); err != nil {
-		return err
+	err = sameObject(fd, shown, c)
+	if err == nil {
+		err = unix.Mount(fdPath(fd), fdPath(fd), "", unix.MS_BIND, "")
 	}
-	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	unix.Close(fd)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", shown, err)
 	}
-	defer unix.Close(tree)
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
-	if c.ReadOnly {
-		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
-	}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
+	// Opened again, the name is the bind's root, whose flags are the
+	// bind's own.
+	if fd, err = open(); err != nil {
 		return fmt.Errorf("bind %s read-only: %w", shown, err)
 	}
-	if err := unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("bind %s: %w", shown, err)
+	defer unix.Close(fd)
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if c.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", fdPath(fd), "", flags, ""); err != nil {
+		return fmt.Errorf("bind %s read-only: %w", shown, err)
 	}
 	return nil
 }
+
+// fdPath is fd's path for mount(2), through the calling thread's /proc
+// (its mount namespace is its own).
+func fdPath(fd int) string { return "/proc/thread-self/fd/" + strconv.Itoa(fd) }
 
 // sameObject checks that fd is the object c was planned for.
 func sameObject(fd int, shown string, c Check) error {
