@@ -171,7 +171,7 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	}
 	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
 	l, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
-		[3]*os.File{devnull, consoleW, stderrW}, nil, nil, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
 	devnull.Close()
 	stderrW.Close()
 	consoleW.Close()

@@ -41,11 +41,9 @@ func (b *builder) fd(f *os.File) string {
 
 // Build opens the agent's directories and returns the boundary for cfg.
 // exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
-// sandbox to run sandbox-exec. With premount, the protected names beneath
-// the writable roots are left to Boundary.Premount, and bwrap binds only
-// the roots (recursively, so that they come with them). On error nothing
-// stays open and no placeholder is left.
-func Build(cfg Config, exe *os.File, landlockRoots, premount bool) (_ *Boundary, retErr error) {
+// sandbox to run sandbox-exec. On error nothing stays open and no
+// placeholder is left.
+func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
 	b := &builder{}
 	var plan *protect.Plan
 	defer func() {
@@ -126,11 +124,7 @@ func Build(cfg Config, exe *os.File, landlockRoots, premount bool) (_ *Boundary,
 		rp := plan.Roots[next]
 		next++
 		writable = append(writable, rp.Binds[0].Target)
-		binds := rp.Binds
-		if premount {
-			binds = binds[:1]
-		}
-		for _, bd := range binds {
+		for _, bd := range rp.Binds {
 			op := "--bind-fd"
 			if bd.ReadOnly {
 				op = "--ro-bind-fd"
@@ -179,12 +173,7 @@ func Build(cfg Config, exe *os.File, landlockRoots, premount bool) (_ *Boundary,
 			b.add("--writable", w)
 		}
 	}
-	bd := &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}
-	if premount {
-		roots := plan.Roots
-		bd.Premount = func() error { return protect.Premount(roots) }
-	}
-	return bd, nil
+	return &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}, nil
 }
 
 func dup(f *os.File) *os.File {
