@@ -104,7 +104,7 @@ func (h *Host) Log() *logrus.Entry { return h.s.log }
 // Spawn starts a child of the shim that dies with it; its exit status comes
 // on the channel, from the shim's reaper (see spawn). With premount, the
 // child starts in a mount namespace of its own in which premount has
-// mounted (see StartInCgroup); nil for none.
+// mounted (see fork); nil for none.
 func (h *Host) Spawn(path string, argv []string, attr *os.ProcAttr, premount func() error) (int, <-chan syscall.WaitStatus, error) {
 	pid, exited, _, err := h.s.fork(path, argv, attr, false, premount)
 	return pid, exited, err

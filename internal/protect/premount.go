@@ -2,6 +2,7 @@ package protect
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -11,9 +12,10 @@ import (
 // the root itself) on the host, in the calling thread's mount namespace,
 // which must be a private one of its own, a slave of the host's (see
 // NewMountNS): a boundary started from that thread then binds each root
-// recursively and gets them with it. bwrap parses the whole mount table
-// again for every bind it makes, ~300 µs each here, and a session has ~55
-// of them; a bind of our own costs ~20 µs.
+// recursively and gets them with it (a VM share's virtiofsd; srt's sandbox
+// keeps bwrap's binds, see docs/design-notes.md). bwrap parses the whole
+// mount table again for every bind it makes, ~300 µs each here, and a
+// writable root has ~15 protected names; a bind of our own costs ~20 µs.
 //
 // Each name is opened again beneath its root, in this namespace, without
 // following a symlink, and must be the object the plan opened: a swap since
@@ -34,12 +36,12 @@ func Premount(roots []RootPlan) error {
 }
 
 func premountRoot(r RootPlan) error {
-	root, err := unix.Open(r.Host, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	root, err := os.OpenFile(r.Host, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("protect %s: %w", r.Host, err)
 	}
-	defer unix.Close(root)
-	if err := sameObject(root, r.Host, r.Checks[0]); err != nil {
+	defer root.Close()
+	if err := sameObject(int(root.Fd()), r.Host, r.Checks[0]); err != nil {
 		return err
 	}
 	for _, c := range r.Checks[1:] {
@@ -58,45 +60,39 @@ func premountRoot(r RootPlan) error {
 // open_tree, mount_setattr and move_mount took it three times a name.
 // The remount finds the bind by opening the name again: a name swapped in
 // between gets the flags, or fails, and Verify inside refuses the start.
-func premountOne(root int, host string, c Check) error {
-	open := func() (int, error) {
-		return unix.Openat2(root, c.Rel, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-	}
+func premountOne(root *os.File, host string, c Check) error {
 	shown := host + "/" + c.Rel
-	fd, err := open()
+	f, err := openBeneath(root, c.Rel)
 	if err != nil {
 		return fmt.Errorf("protected path %s changed since the boundary was planned (%v): start the session again", shown, err)
 	}
-	err = sameObject(fd, shown, c)
+	err = sameObject(int(f.Fd()), shown, c)
 	if err == nil {
-		err = unix.Mount(fdPath(fd), fdPath(fd), "", unix.MS_BIND, "")
+		err = unix.Mount(fdPath(f), fdPath(f), "", unix.MS_BIND, "")
 	}
-	unix.Close(fd)
+	f.Close()
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", shown, err)
 	}
 	// Opened again, the name is the bind's root, whose flags are the
 	// bind's own.
-	if fd, err = open(); err != nil {
+	if f, err = openBeneath(root, c.Rel); err != nil {
 		return fmt.Errorf("bind %s read-only: %w", shown, err)
 	}
-	defer unix.Close(fd)
+	defer f.Close()
 	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
 	if c.ReadOnly {
 		flags |= unix.MS_RDONLY
 	}
-	if err := unix.Mount("", fdPath(fd), "", flags, ""); err != nil {
+	if err := unix.Mount("", fdPath(f), "", flags, ""); err != nil {
 		return fmt.Errorf("bind %s read-only: %w", shown, err)
 	}
 	return nil
 }
 
-// fdPath is fd's path for mount(2), through the calling thread's /proc
-// (its mount namespace is its own).
-func fdPath(fd int) string { return "/proc/thread-self/fd/" + strconv.Itoa(fd) }
+// fdPath is f's path for mount(2), through the calling thread's /proc (its
+// mount namespace is its own).
+func fdPath(f *os.File) string { return "/proc/thread-self/fd/" + strconv.Itoa(int(f.Fd())) }
 
 // sameObject checks that fd is the object c was planned for.
 func sameObject(fd int, shown string, c Check) error {

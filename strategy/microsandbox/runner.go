@@ -435,8 +435,8 @@ func (vm *vmRun) startVirtiofsd(i int) error {
 		return err
 	}
 	defer exe.Close()
-	// A root daemon mounts the protected names itself (protect.Premount),
-	// as srt does: bwrap then binds only the share, with them in it.
+	// A root daemon mounts the protected names itself (protect.Premount):
+	// bwrap then binds only the share, with them in it.
 	binds := rp.Binds
 	var premount func() error
 	if len(binds) > 1 && protect.CanPremount() {
