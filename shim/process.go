@@ -225,7 +225,7 @@ type Launcher struct {
 }
 
 // spawnInCgroup starts init in its own process group with stdio and extra
-// files (at fds 5 and up) and places it in the session's cgroup; it execs
+// files (at ExtraFD and up) and places it in the session's cgroup; it execs
 // what Exec gives it. With cred, the launcher (init, then what it execs)
 // runs as that account.
 func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {

@@ -42,7 +42,7 @@ func TestHelpersRunThroughTheReaper(t *testing.T) {
 	busyReaper(t, s)
 	for i := 0; i < 5; i++ {
 		c := microvm.Config{VM: session.VM{Dir: t.TempDir(), DiskGiB: 1}}
-		if err := microvm.PrepareDisks(c, s.runHelper); err != nil {
+		if _, err := microvm.PrepareDisks(c, s.runHelper); err != nil {
 			t.Fatalf("disks %d: %v", i, err)
 		}
 	}

@@ -59,6 +59,10 @@ type Prepared interface {
 // environment with its command.
 const LauncherPath = "/usr/sbin:/usr/bin:/sbin:/bin"
 
+// ExtraFD is the descriptor at which a command started by StartInCgroup or
+// SpawnInCgroup finds its first extra file.
+const ExtraFD = 5
+
 // ErrStaleBoundary is Prepared.Start's error for a run prepared before the
 // workspace changed in a way that a start now would protect (a repository
 // made since): the shim then discards it and starts afresh.

@@ -19,6 +19,7 @@ func FuzzCheckSetup(f *testing.F) {
 		Root: &vmagentv1.Disk{Serial: "root", Readonly: true}, Upper: &vmagentv1.Disk{Serial: "upper"}, Docker: &vmagentv1.Disk{Serial: "docker"},
 		Shares:  []*vmagentv1.Share{{Tag: "workspace", Target: "/home/u/ws"}, {Tag: "ro", Target: "/data", Readonly: true}},
 		Network: &vmagentv1.Network{Address: "192.168.127.2/24", Gateway: "192.168.127.1", Hostname: "sandbox"},
+		Entropy: make([]byte, 32), TimeUnixNano: 1,
 	}
 	for _, req := range []*vmagentv1.SetupRequest{good,
 		{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "r"}},

@@ -1,6 +1,7 @@
 package vmagent
 
 import (
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -33,6 +35,9 @@ const (
 	maxSymlinks = 40
 	// netDevice is the guest's NIC: without udev the kernel names it eth0.
 	netDevice = "eth0"
+	// minEntropy and maxEntropy bound the host's randomness in Setup: 32
+	// bytes are a full reseed of the CRNG; more is waste.
+	minEntropy, maxEntropy = 32, 512
 )
 
 var (
@@ -52,19 +57,23 @@ var bannedTargets = []string{"/proc", "/sys", "/dev"}
 // setupPaths are where Setup looks and works; tests point them elsewhere.
 type setupPaths struct {
 	sysBlock string // /sys/block
+	virtiofs string // the virtiofs driver's directory: a link per device it drives
 	dev      string // /dev
 	work     string // the mount points of the disks and the new root
 	etc      string // the account files of the root processes run in
 }
 
-var guestPaths = setupPaths{sysBlock: "/sys/block", dev: "/dev", work: "/run/agentconnect", etc: "/etc"}
+var guestPaths = setupPaths{sysBlock: "/sys/block", virtiofs: "/sys/bus/virtio/drivers/virtiofs", dev: "/dev",
+	work: "/run/agentconnect", etc: "/etc"}
 
 // setupPlan is a validated SetupRequest.
 type setupPlan struct {
 	root, upper, docker string // disk serials; docker may be ""
 	shares              []shareSpec
 	network             *networkSpec
-	settle              bool // wait for the warm tools (warm)
+	settle              bool      // wait for the warm tools (warm)
+	entropy             []byte    // the host's randomness
+	now                 time.Time // the host's clock
 }
 
 type shareSpec struct {
@@ -95,6 +104,13 @@ func checkSetup(req *vmagentv1.SetupRequest) (setupPlan, error) {
 		return plan, errdefs.InvalidArgument("setup: the root, upper and docker disks must have different serials")
 	}
 	plan.settle = req.GetSettle()
+	if n := len(req.GetEntropy()); n < minEntropy || n > maxEntropy {
+		return plan, errdefs.InvalidArgument("setup: %d bytes of entropy from the host, want %d to %d", n, minEntropy, maxEntropy)
+	}
+	if req.GetTimeUnixNano() <= 0 {
+		return plan, errdefs.InvalidArgument("setup: no time from the host (time_unix_nano %d)", req.GetTimeUnixNano())
+	}
+	plan.entropy, plan.now = req.GetEntropy(), time.Unix(0, req.GetTimeUnixNano())
 	if plan.shares, err = checkShares(req.GetShares()); err != nil {
 		return plan, err
 	}
@@ -267,14 +283,30 @@ func checkNetwork(n *vmagentv1.Network) (networkSpec, error) {
 // The agent stays PID 1; everything it starts afterwards runs there.
 func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error {
 	start := time.Now()
+	last, slow := start, []string{}
 	step := func(name string, err error) error {
 		if err != nil {
 			return fmt.Errorf("setup: %s: %w", name, err)
 		}
+		// The console says where a slow setup spent its time.
+		if d := time.Since(last); d >= 5*time.Millisecond {
+			slow = append(slow, fmt.Sprintf("%s %v", name, d.Round(time.Millisecond)))
+		}
+		last = time.Now()
 		return nil
+	}
+	// First, before anything reads the clock or a random number: a guest
+	// restored from a snapshot has the snapshot's.
+	if err := step("take the host's randomness and time", freshIdentity(plan.entropy, plan.now)); err != nil {
+		return err
 	}
 	disks, err := findDisks(paths, []string{plan.root, plan.upper, plan.docker}, deviceWait)
 	if err := step("find disks", err); err != nil {
+		return err
+	}
+	// A restored guest probed the snapshot's disks when it booted: what it
+	// cached of them is not this session's.
+	if err := step("drop the disks' buffers", dropBuffers(disks)); err != nil {
 		return err
 	}
 	lower := filepath.Join(paths.work, "lower")
@@ -296,6 +328,11 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 		if err := step("mount the docker disk", mountInRoot(root, disks[plan.docker], "/var/lib/docker", "ext4", 0)); err != nil {
 			return err
 		}
+	}
+	// The host may plug the shares in after the guest booted (a restored
+	// snapshot has none): their devices come asynchronously.
+	if err := step("find the shares", waitShares(paths, len(plan.shares), deviceWait)); err != nil {
+		return err
 	}
 	for _, s := range plan.shares {
 		var flags uintptr = unix.MS_NOSUID | unix.MS_NODEV
@@ -333,9 +370,76 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if plan.docker != "" {
 		startDocker(logf)
 	}
+	step("start docker's socket", nil)
 	warm(logf, plan.settle)
-	logf("setup done in %v", time.Since(start).Round(time.Millisecond))
+	step("warm", nil)
+	logf("setup done in %v (%s)", time.Since(start).Round(time.Millisecond), strings.Join(slow, ", "))
 	return nil
+}
+
+// freshIdentity credits entropy to the kernel's pool, reseeds its CRNG from
+// it, and sets the wall clock to now.
+func freshIdentity(entropy []byte, now time.Time) error {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info: entropy_count (bits), buf_size (bytes), buf.
+	info := make([]byte, 8+len(entropy))
+	binary.NativeEndian.PutUint32(info[0:], uint32(8*len(entropy)))
+	binary.NativeEndian.PutUint32(info[4:], uint32(len(entropy)))
+	copy(info[8:], entropy)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); errno != 0 {
+		return fmt.Errorf("RNDADDENTROPY: %w", errno)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); errno != 0 {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", errno)
+	}
+	ts := unix.NsecToTimespec(now.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		return fmt.Errorf("set the clock: %w", err)
+	}
+	return nil
+}
+
+// dropBuffers drops the kernel's cached blocks of each disk (BLKFLSBUF).
+func dropBuffers(disks map[string]string) error {
+	for _, dev := range disks {
+		f, err := os.Open(dev)
+		if err != nil {
+			return err
+		}
+		err = unix.IoctlSetInt(int(f.Fd()), unix.BLKFLSBUF, 0)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("BLKFLSBUF %s: %w", dev, err)
+		}
+	}
+	return nil
+}
+
+// waitShares waits, at most wait, until the virtiofs driver drives n
+// devices.
+func waitShares(paths setupPaths, n int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		entries, _ := os.ReadDir(paths.virtiofs)
+		found := 0
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "virtio") {
+				found++
+			}
+		}
+		if found >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d virtiofs devices in %s after %v (is each attached with vhost-user-fs-pci?)",
+				found, n, paths.virtiofs, wait)
+		}
+		time.Sleep(devicePoll)
+	}
 }
 
 // findDisks waits, at most wait, for a virtio disk with each serial

@@ -24,7 +24,9 @@ func validSetup() *vmagentv1.SetupRequest {
 			{Tag: "work", Target: "/work"},
 			{Tag: "ro-data", Target: "/home/agent/.config/x", Readonly: true},
 		},
-		Network: &vmagentv1.Network{Address: "192.168.127.2/24", Gateway: "192.168.127.1", Hostname: "session-1.agentconnect"},
+		Network:      &vmagentv1.Network{Address: "192.168.127.2/24", Gateway: "192.168.127.1", Hostname: "session-1.agentconnect"},
+		Entropy:      make([]byte, minEntropy),
+		TimeUnixNano: time.Now().UnixNano(),
 	}
 }
 
@@ -36,7 +38,8 @@ func TestCheckSetupAcceptsValid(t *testing.T) {
 	if plan.root != "root" || plan.upper != "upper" || plan.docker != "docker" || len(plan.shares) != 2 || plan.network == nil {
 		t.Errorf("plan = %+v", plan)
 	}
-	minimal := &vmagentv1.SetupRequest{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "u"}}
+	minimal := &vmagentv1.SetupRequest{Root: &vmagentv1.Disk{Serial: "r"}, Upper: &vmagentv1.Disk{Serial: "u"},
+		Entropy: make([]byte, maxEntropy), TimeUnixNano: 1}
 	if plan, err := checkSetup(minimal); err != nil || plan.docker != "" || plan.network != nil {
 		t.Errorf("checkSetup(root and upper only) = %+v, %v; want no docker disk, no network", plan, err)
 	}
@@ -78,6 +81,11 @@ func TestCheckSetupRefuses(t *testing.T) {
 		{"gateway not an address", func(r *vmagentv1.SetupRequest) { r.Network.Gateway = "gw" }, "network gateway"},
 		{"hostname with underscore", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a_b" }, "hostname"},
 		{"hostname with a trailing dash", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = "a-.b" }, "hostname"},
+		{"no entropy", func(r *vmagentv1.SetupRequest) { r.Entropy = nil }, "0 bytes of entropy"},
+		{"too little entropy", func(r *vmagentv1.SetupRequest) { r.Entropy = make([]byte, minEntropy-1) }, "want 32 to 512"},
+		{"too much entropy", func(r *vmagentv1.SetupRequest) { r.Entropy = make([]byte, maxEntropy+1) }, "want 32 to 512"},
+		{"no time", func(r *vmagentv1.SetupRequest) { r.TimeUnixNano = 0 }, "no time from the host"},
+		{"time before 1970", func(r *vmagentv1.SetupRequest) { r.TimeUnixNano = -1 }, "no time from the host"},
 		{"hostname too long", func(r *vmagentv1.SetupRequest) { r.Network.Hostname = strings.Repeat("a.", 33) + "a" }, "longer than 64"},
 	}
 	for _, tt := range tests {
@@ -272,5 +280,30 @@ func TestSearchableOpensTheWayOnly(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(root, p)); err != nil || fi.Mode().Perm() != want {
 			t.Errorf("%s: %v, %v; want %v", p, fi.Mode().Perm(), err, want)
 		}
+	}
+}
+
+func TestWaitSharesCountsTheDriversDevices(t *testing.T) {
+	dir := t.TempDir()
+	paths := setupPaths{virtiofs: dir}
+	for _, name := range []string{"virtio3", "bind", "uevent"} {
+		os.WriteFile(filepath.Join(dir, name), nil, 0o644)
+	}
+	if err := waitShares(paths, 1, 0); err != nil {
+		t.Errorf("one device, one share: %v", err)
+	}
+	err := waitShares(paths, 2, 3*devicePoll)
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 virtiofs devices") {
+		t.Errorf("one device, two shares: %v, want 1 of 2 found", err)
+	}
+	go func() {
+		time.Sleep(devicePoll)
+		os.WriteFile(filepath.Join(dir, "virtio7"), nil, 0o644)
+	}()
+	if err := waitShares(paths, 2, 10*time.Second); err != nil {
+		t.Errorf("a device plugged while waiting: %v", err)
+	}
+	if err := waitShares(setupPaths{virtiofs: filepath.Join(dir, "missing")}, 0, 0); err != nil {
+		t.Errorf("no shares, no driver loaded: %v", err)
 	}
 }

@@ -622,6 +622,7 @@ func TestVMSetup(t *testing.T) {
 			{Tag: "data", Target: "/opt/data", Readonly: true},
 		},
 		Network: &vmagentv1.Network{Address: "192.168.127.2/24", Gateway: "192.168.127.1", Hostname: "session-1"},
+		Entropy: make([]byte, 32), TimeUnixNano: time.Now().UnixNano(),
 	}
 	start := time.Now()
 	if _, err := api.Setup(ctx, req); err != nil {

@@ -69,15 +69,16 @@ type Layout struct {
 	Root string
 }
 
-func (l Layout) ConfigPath() string  { return filepath.Join(l.Root, "config.json") }
-func (l Layout) AgentsDir() string   { return filepath.Join(l.Root, "agents") }
-func (l Layout) SessionsDir() string { return filepath.Join(l.Root, "sessions") }
-func (l Layout) VMsDir() string      { return filepath.Join(l.Root, "vms") }
-func (l Layout) ImagesDir() string   { return filepath.Join(l.Root, "images") }
-func (l Layout) SecretsPath() string { return filepath.Join(l.Root, "secrets", "secrets.json") }
-func (l Layout) RuntimesDir() string { return filepath.Join(l.Root, "runtimes") }
-func (l Layout) RunDir() string      { return filepath.Join(l.Root, "run") }
-func (l Layout) LockPath() string    { return filepath.Join(l.Root, "run", "daemon.lock") }
+func (l Layout) ConfigPath() string     { return filepath.Join(l.Root, "config.json") }
+func (l Layout) AgentsDir() string      { return filepath.Join(l.Root, "agents") }
+func (l Layout) SessionsDir() string    { return filepath.Join(l.Root, "sessions") }
+func (l Layout) VMsDir() string         { return filepath.Join(l.Root, "vms") }
+func (l Layout) VMSnapshotsDir() string { return filepath.Join(l.Root, "vm-snapshots") }
+func (l Layout) ImagesDir() string      { return filepath.Join(l.Root, "images") }
+func (l Layout) SecretsPath() string    { return filepath.Join(l.Root, "secrets", "secrets.json") }
+func (l Layout) RuntimesDir() string    { return filepath.Join(l.Root, "runtimes") }
+func (l Layout) RunDir() string         { return filepath.Join(l.Root, "run") }
+func (l Layout) LockPath() string       { return filepath.Join(l.Root, "run", "daemon.lock") }
 func (l Layout) AgentDir(id string) string {
 	return filepath.Join(l.Root, "agents", id)
 }

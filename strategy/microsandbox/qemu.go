@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -46,10 +47,23 @@ func fixFor(accelerator string) string {
 // what `-cpu host` asks ("failed to set MSR 0x10a") fails here, with QEMU's
 // words. It returns why QEMU cannot start, or "".
 func checkQEMUStarts(qemu string, vm microvm.Config) string {
-	args := append(vm.MachineArgs(), "-kernel", vm.Kernel, "-initrd", vm.Initrd, "-S", "-qmp", "stdio")
+	var launch microvm.Launch
+	var extra []*os.File
+	if vm.Snapshots() {
+		// The guest's RAM as a session's: a memfd QEMU opens by its path
+		// in /proc.
+		ram, err := newRAM(vm.MemoryMiB)
+		if err != nil {
+			return err.Error()
+		}
+		defer ram.Close()
+		launch.RAMFD, extra = 3, []*os.File{ram}
+	}
+	args := append(vm.MachineArgs(launch), "-kernel", vm.Kernel, "-initrd", vm.Initrd, "-S", "-qmp", "stdio")
 	ctx, cancel := context.WithTimeout(context.Background(), qemuStartTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, qemu, args...)
+	cmd.ExtraFiles = extra
 	cmd.Stdin = strings.NewReader(`{"execute":"qmp_capabilities"}` + "\n" + `{"execute":"quit"}` + "\n")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -74,7 +88,7 @@ func checkQEMUStarts(qemu string, vm microvm.Config) string {
 // KVM that emulates what the guest's boot does), and every session would
 // time out. It returns why the kernel did not boot, or "".
 func checkKernelBoots(qemu string, vm microvm.Config) string {
-	args := append(vm.MachineArgs(), "-kernel", vm.Kernel, "-serial", "stdio", "-append", "console=ttyS0 quiet panic=-1")
+	args := append(vm.MachineArgs(microvm.Launch{}), "-kernel", vm.Kernel, "-serial", "stdio", "-append", "console=ttyS0 quiet panic=-1")
 	ctx, cancel := context.WithTimeout(context.Background(), kernelBootTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, qemu, args...)
@@ -116,7 +130,7 @@ func checkKernelBoots(qemu string, vm microvm.Config) string {
 
 // accelArgs names the accelerator and CPU model of vm, as QEMU gets them.
 func accelArgs(vm microvm.Config) string {
-	args := vm.MachineArgs()
+	args := vm.MachineArgs(microvm.Launch{})
 	for i, a := range args {
 		if a == "-accel" {
 			return strings.Join(args[i:], " ")

@@ -3,6 +3,7 @@ package microsandbox
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -27,6 +29,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/shim"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/microvm"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmnet"
+	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmsnapshot"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmtransport"
 )
 
@@ -69,6 +72,14 @@ type vmRun struct {
 	client   *ttrpc.Client
 	agent    vmagentv1.VMAgentService
 	st       *steps.Steps // the start's, from Prepare on
+	// With snapshots (microvm.Config.Snapshots): the guest's RAM, QEMU's
+	// monitor, and where the VM's snapshot is kept.
+	ram     *os.File
+	monitor *monitor
+	store   vmsnapshot.Store
+	snapKey string
+	// freshDisks: the VM's disks are new, no guest has run on them.
+	freshDisks bool
 
 	mu      sync.Mutex // guards qemuErr
 	qemuErr strings.Builder
@@ -79,7 +90,7 @@ type Runner struct{}
 
 // Start boots the session's VM (Prepare) and runs the runtime in it.
 func (Runner) Start(h *shim.Host) (shim.Run, error) {
-	vm, err := prepare(h, false)
+	vm, err := prepareOrBoot(h, false)
 	if err != nil {
 		return nil, err
 	}
@@ -92,16 +103,29 @@ func (Runner) Start(h *shim.Host) (shim.Run, error) {
 // rest: the secrets (the injector on the VM's network, the session CA in
 // the guest's trust store), the command and env.
 func (Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
-	vm, err := prepare(h, true)
+	vm, err := prepareOrBoot(h, true)
 	if err != nil {
 		return nil, err
 	}
 	return vm, nil
 }
 
-// prepare boots the VM and sets its guest up; with settle, Setup answers
-// once the guest is idle (a warm VM).
-func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
+// prepareOrBoot is prepare, from the VM's snapshot when it has one; a
+// snapshot that does not restore is removed, and the VM boots.
+func prepareOrBoot(h *shim.Host, settle bool) (*vmRun, error) {
+	vm, err := prepare(h, settle, true, false)
+	if r, ok := restoreError(err); ok {
+		h.Log().WithError(err).Warn("the VM's snapshot did not restore; removed, booting instead")
+		vm, err = prepare(h, settle, false, r.freshDisks)
+	}
+	return vm, err
+}
+
+// prepare boots the VM, or restores its snapshot (restore, when it has
+// one), and sets its guest up; with settle, Setup answers once the guest is
+// idle (a warm VM). freshDisks: the disks, if they exist, were made by a
+// start in which no guest ran.
+func prepare(h *shim.Host, settle, restore, freshDisks bool) (_ *vmRun, retErr error) {
 	spec := h.Session().Spec
 	vm := &vmRun{cfg: microvm.Config{VM: *spec.VM}, h: h, st: steps.New()}
 	defer func() {
@@ -113,14 +137,36 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	if vm.tools, err = microvm.FindTools(); err != nil {
 		return nil, shim.SandboxSetupError(err)
 	}
-	// The disks are formatted (two mke2fs runs, ~20 ms each) while the
-	// network and the shares' daemons start; a return waits for them first,
-	// so that abort finds them done.
-	disks := make(chan error, 1)
-	go func() { disks <- microvm.PrepareDisks(vm.cfg, h.RunHelper) }()
+	var snap *vmsnapshot.Snapshot
+	if vm.cfg.Snapshots() {
+		if snap, err = vm.openSnapshot(restore); err != nil {
+			return nil, shim.SandboxSetupError(err)
+		}
+	}
+	if snap != nil {
+		defer snap.Close()
+	}
+	// The disks are formatted (two mke2fs runs, ~20 ms each) and a
+	// snapshot's RAM copied while the network and the shares' daemons
+	// start; a return waits for them first, so that abort finds them done.
+	var bg errgroup.Group
+	bg.Go(func() (err error) {
+		vm.freshDisks, err = microvm.PrepareDisks(vm.cfg, h.RunHelper)
+		vm.freshDisks = vm.freshDisks || freshDisks
+		return err
+	})
+	if snap != nil {
+		bg.Go(func() error {
+			if err := vmsnapshot.CopySparse(vm.ram, snap.RAM, int64(vm.cfg.MemoryMiB)<<20); err != nil {
+				return errRestore{err: err}
+			}
+			return nil
+		})
+	}
+	waited := false
 	defer func() {
-		if disks != nil {
-			<-disks
+		if !waited {
+			bg.Wait()
 		}
 	}()
 	if err := os.MkdirAll(vm.cfg.RunDir, 0o700); err != nil {
@@ -145,7 +191,10 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 		}
 	}
 	vm.plan.CloseBinds()
-	err, disks = <-disks, nil
+	err, waited = bg.Wait(), true
+	if r, ok := restoreError(err); ok {
+		return nil, vm.restoreFailed(r.err)
+	}
 	if err != nil {
 		return nil, shim.SandboxSetupError(err)
 	}
@@ -169,9 +218,14 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 		consoleW.Close()
 		return nil, err
 	}
-	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU)...)
+	var launch microvm.Launch
+	var extra []*os.File
+	if vm.ram != nil {
+		launch.RAMFD, launch.Incoming, extra = shim.ExtraFD, snap != nil, []*os.File{vm.ram}
+	}
+	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU, launch)...)
 	l, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
-		[3]*os.File{devnull, consoleW, stderrW}, nil, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, extra, nil)
 	devnull.Close()
 	stderrW.Close()
 	consoleW.Close()
@@ -187,13 +241,26 @@ func prepare(h *shim.Host, settle bool) (_ *vmRun, retErr error) {
 	go func() { vm.status = <-l.Exited; close(exited) }()
 	vm.launcher, vm.exited = l.PID, exited
 	vm.st.Done("qemu")
+	agentStep := "boot"
+	if vm.ram != nil {
+		// Only a boot on new disks is saved: one on a resumed session's
+		// would keep what the guest's kernel read of them.
+		if err := vm.snapshotOrRestore(snap, vm.freshDisks, exited); err != nil {
+			return nil, err
+		}
+		agentStep = "agent" // the boot, if any, is behind
+	}
 	if err := vm.connect(exited); err != nil {
 		return nil, vm.withQEMUErrors(err)
 	}
-	vm.st.Done("boot")
+	vm.st.Done(agentStep)
 	ctx, cancel := context.WithTimeout(context.Background(), vmCallTimeout)
 	defer cancel()
-	if _, err := vm.agent.Setup(ctx, vm.setupRequest(settle)); err != nil {
+	req, err := vm.setupRequest(settle)
+	if err != nil {
+		return nil, shim.SandboxSetupError(fmt.Errorf("guest setup: %w", err))
+	}
+	if _, err := vm.agent.Setup(ctx, req); err != nil {
 		return nil, vm.withQEMUErrors(fmt.Errorf("guest setup: %w", err))
 	}
 	vm.st.Done("setup")
@@ -547,18 +614,25 @@ func (vm *vmRun) connect(qemuExit <-chan struct{}) error {
 	}
 }
 
-func (vm *vmRun) setupRequest(settle bool) *vmagentv1.SetupRequest {
+func (vm *vmRun) setupRequest(settle bool) (*vmagentv1.SetupRequest, error) {
+	// A restored guest's random state and clock are its snapshot's.
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		return nil, err
+	}
 	req := &vmagentv1.SetupRequest{
-		Root:    &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
-		Upper:   &vmagentv1.Disk{Serial: microvm.DiskUpper},
-		Docker:  &vmagentv1.Disk{Serial: microvm.DiskDocker},
-		Network: &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
-		Settle:  settle,
+		Entropy:      entropy,
+		TimeUnixNano: time.Now().UnixNano(),
+		Root:         &vmagentv1.Disk{Serial: microvm.DiskRoot, Readonly: true},
+		Upper:        &vmagentv1.Disk{Serial: microvm.DiskUpper},
+		Docker:       &vmagentv1.Disk{Serial: microvm.DiskDocker},
+		Network:      &vmagentv1.Network{Address: vmnet.GuestIP + "/24", Gateway: vmnet.GatewayIP, Hostname: "agentconnect"},
+		Settle:       settle,
 	}
 	for _, sh := range vm.cfg.Shares {
 		req.Shares = append(req.Shares, &vmagentv1.Share{Tag: sh.Tag, Target: sh.Target, Readonly: sh.ReadOnly})
 	}
-	return req
+	return req, nil
 }
 
 // openStdio opens the runtime's three stdio streams before Exec.
@@ -668,6 +742,12 @@ func (vm *vmRun) killQEMU() {
 func (vm *vmRun) stop() {
 	if vm.client != nil {
 		vm.client.Close()
+	}
+	if vm.monitor != nil {
+		vm.monitor.close()
+	}
+	if vm.ram != nil {
+		vm.ram.Close()
 	}
 	if vm.serial != nil {
 		vm.serial.Close()

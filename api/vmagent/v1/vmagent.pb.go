@@ -308,7 +308,15 @@ type SetupRequest struct {
 	// Answer once the programs Setup warms (see the guest agent's warm.go)
 	// have run, not while they run: a warm VM is ready when its guest is
 	// idle, so that the session claiming it does not wait for them.
-	Settle        bool `protobuf:"varint,7,opt,name=settle,proto3" json:"settle,omitempty"`
+	Settle bool `protobuf:"varint,7,opt,name=settle,proto3" json:"settle,omitempty"`
+	// The host's randomness, credited to the guest's pool and followed by a
+	// reseed of its CRNG before anything else: a VM restored from a snapshot
+	// resumes with the snapshot's random state, the same in every clone
+	// (Debian's 6.1 kernel has no vmgenid driver to notice). 32 to 512 bytes.
+	Entropy []byte `protobuf:"bytes,8,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// The host's wall clock (Unix nanoseconds), set in the guest first: a
+	// restored guest's clock is the snapshot's.
+	TimeUnixNano  int64 `protobuf:"varint,9,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,6 +391,20 @@ func (x *SetupRequest) GetSettle() bool {
 		return x.Settle
 	}
 	return false
+}
+
+func (x *SetupRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
+}
+
+func (x *SetupRequest) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
 }
 
 type SetupResponse struct {
@@ -951,14 +973,16 @@ const file_api_vmagent_v1_vmagent_proto_rawDesc = "" +
 	"\aNetwork\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xbf\x02\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xff\x02\n" +
 	"\fSetupRequest\x121\n" +
 	"\x04root\x18\x01 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x04root\x123\n" +
 	"\x05upper\x18\x02 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x05upper\x125\n" +
 	"\x06docker\x18\x03 \x01(\v2\x1d.agentconnect.vmagent.v1.DiskR\x06docker\x126\n" +
 	"\x06shares\x18\x04 \x03(\v2\x1e.agentconnect.vmagent.v1.ShareR\x06shares\x12:\n" +
 	"\anetwork\x18\x05 \x01(\v2 .agentconnect.vmagent.v1.NetworkR\anetwork\x12\x16\n" +
-	"\x06settle\x18\a \x01(\bR\x06settleJ\x04\b\x06\x10\a\"\x0f\n" +
+	"\x06settle\x18\a \x01(\bR\x06settle\x12\x18\n" +
+	"\aentropy\x18\b \x01(\fR\aentropy\x12$\n" +
+	"\x0etime_unix_nano\x18\t \x01(\x03R\ftimeUnixNanoJ\x04\b\x06\x10\a\"\x0f\n" +
 	"\rSetupResponse\"4\n" +
 	"\fTrustRequest\x12$\n" +
 	"\x0esession_ca_pem\x18\x01 \x01(\tR\fsessionCaPem\"\x0f\n" +

@@ -19,7 +19,7 @@ import (
 // /dev/kvm and /dev/vhost-vsock when used; no network (its NIC is a unix
 // socket) and no other process in sight. QEMU's own -sandbox on (seccomp)
 // applies inside.
-func (c Config) ConfinedArgs(qemu string) []string {
+func (c Config) ConfinedArgs(qemu string, l Launch) []string {
 	args := []string{
 		"--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-pid",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -39,7 +39,7 @@ func (c Config) ConfinedArgs(qemu string) []string {
 		args = append(args, "--ro-bind", f, f)
 	}
 	args = append(args, "--bind", c.Dir, c.Dir, "--bind", c.RunDir, c.RunDir)
-	return append(append(args, "--", qemu), c.QEMUArgs()...)
+	return append(append(args, "--", qemu), c.QEMUArgs(l)...)
 }
 
 // Tools are the host programs a VM needs.

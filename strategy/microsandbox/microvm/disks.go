@@ -16,24 +16,27 @@ type Runner func(name string, args ...string) ([]byte, error)
 // exist yet: sparse files of DiskGiB each, formatted ext4 (lazily, so that a
 // 10 GiB disk costs a few MiB until written) with mke2fs run by run. A VM
 // whose disks exist keeps them: that is how VM-local files survive stop and
-// resume. On error nothing half-made is left.
-func PrepareDisks(c Config, run Runner) (retErr error) {
+// resume. On error nothing half-made is left. It reports whether every
+// disk is new: a guest that boots on them reads nothing of a session's.
+func PrepareDisks(c Config, run Runner) (fresh bool, retErr error) {
 	if c.DiskGiB < 1 {
-		return fmt.Errorf("diskGiB %d: want at least 1", c.DiskGiB)
+		return false, fmt.Errorf("diskGiB %d: want at least 1", c.DiskGiB)
 	}
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
-		return fmt.Errorf("VM directory: %w", err)
+		return false, fmt.Errorf("VM directory: %w", err)
 	}
+	fresh = true
 	for _, name := range []string{DiskUpper, DiskDocker} {
 		path := filepath.Join(c.Dir, name+".img")
 		if _, err := os.Stat(path); err == nil {
+			fresh = false
 			continue
 		}
 		if err := makeDisk(path, int64(c.DiskGiB)<<30, run); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	return fresh, nil
 }
 
 // makeDisk writes an ext4 filesystem of size bytes to path, through a

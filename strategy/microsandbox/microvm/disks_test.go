@@ -21,8 +21,8 @@ func TestPrepareDisks(t *testing.T) {
 		t.Skip("mke2fs (e2fsprogs) is not installed")
 	}
 	c := Config{VM: session.VM{Dir: filepath.Join(t.TempDir(), "vm"), DiskGiB: 10}}
-	if err := PrepareDisks(c, execRunner); err != nil {
-		t.Fatal(err)
+	if fresh, err := PrepareDisks(c, execRunner); err != nil || !fresh {
+		t.Fatalf("new disks: fresh %v, %v; want fresh", fresh, err)
 	}
 	for _, d := range []string{DiskUpper, DiskDocker} {
 		path := filepath.Join(c.Dir, d+".img")
@@ -45,14 +45,14 @@ func TestPrepareDisks(t *testing.T) {
 	// Existing disks are kept, untouched.
 	marker := filepath.Join(c.Dir, DiskUpper+".img")
 	before, _ := os.Stat(marker)
-	if err := PrepareDisks(c, execRunner); err != nil {
-		t.Fatal(err)
+	if fresh, err := PrepareDisks(c, execRunner); err != nil || fresh {
+		t.Fatalf("existing disks: fresh %v, %v; want not fresh", fresh, err)
 	}
 	after, _ := os.Stat(marker)
 	if !after.ModTime().Equal(before.ModTime()) {
 		t.Error("PrepareDisks rewrote an existing disk")
 	}
-	if err := PrepareDisks(Config{VM: session.VM{Dir: t.TempDir(), DiskGiB: 0}}, execRunner); err == nil {
+	if _, err := PrepareDisks(Config{VM: session.VM{Dir: t.TempDir(), DiskGiB: 0}}, execRunner); err == nil {
 		t.Error("diskGiB 0 accepted")
 	}
 }

@@ -27,19 +27,24 @@ const (
 func (c Config) agentSocket() string      { return c.RunDir + "/agent.sock" }
 func (c Config) netSocket() string        { return c.RunDir + "/net.sock" }
 func (c Config) shareSocket(i int) string { return c.RunDir + "/fs" + strconv.Itoa(i) + ".sock" }
+func (c Config) qmpSocket() string        { return c.RunDir + "/qmp.sock" }
 
 // MachineArgs is the part of QEMU's command line that decides whether a
 // guest can run here at all: the machine type, the accelerator and CPU
 // model, the vCPUs, the memory (shared, for virtiofs) and QEMU's own
 // sandbox. QEMUArgs starts with it, and the probe starts QEMU with it, so
 // that what the probe tries is what a session runs.
-func (c Config) MachineArgs() []string {
+func (c Config) MachineArgs(l Launch) []string {
 	mem := strconv.Itoa(c.MemoryMiB)
+	// virtiofs needs the guest's memory shared with virtiofsd.
+	backend := "memory-backend-memfd,id=mem,size=" + mem + "M,share=on"
+	if l.RAMFD > 0 {
+		backend = "memory-backend-file,id=mem,size=" + mem + "M,share=on,mem-path=/proc/self/fd/" + strconv.Itoa(l.RAMFD)
+	}
 	args := []string{
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-M", "q35", "-smp", strconv.Itoa(c.CPUs), "-m", mem,
-		// virtiofs needs the guest's memory shared with virtiofsd.
-		"-object", "memory-backend-memfd,id=mem,size=" + mem + "M,share=on", "-machine", "memory-backend=mem",
+		"-object", backend, "-machine", "memory-backend=mem",
 		// QEMU's own seccomp sandbox: no new privileges, no spawning.
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	}
@@ -56,13 +61,24 @@ func (c Config) MachineArgs() []string {
 	return append(args, "-accel", accel, "-cpu", "max")
 }
 
+// Launch is what differs between two starts of the same VM.
+type Launch struct {
+	// RAMFD is QEMU's descriptor of the guest's RAM, a memfd the shim made
+	// (0: QEMU makes its own). A VM with snapshots has one: the shim copies
+	// a snapshot's RAM into it, or saves it as one.
+	RAMFD int
+	// Incoming: QEMU waits for the device state of a snapshot on its
+	// monitor (migrate-incoming) instead of booting.
+	Incoming bool
+}
+
 // QEMUArgs is the QEMU command line for c, after the binary's name.
-func (c Config) QEMUArgs() []string {
+func (c Config) QEMUArgs(l Launch) []string {
 	// cryptomgr.notests: the kernel's boot-time self-tests of its crypto
 	// algorithms (test vectors, not a boundary) took ~0.6 s of a 2.4 s TCG
 	// boot to /init.
 	cmdline := "console=ttyS0 quiet panic=-1 cryptomgr.notests agentconnect.transport=" + c.Transport
-	args := append(c.MachineArgs(),
+	args := append(c.MachineArgs(l),
 		"-kernel", c.Kernel, "-initrd", c.Initrd,
 		// The serial console goes to QEMU's stdout, which the shim copies
 		// to console.log, bounded: the guest writes to it at will.
@@ -84,6 +100,12 @@ func (c Config) QEMUArgs() []string {
 		args = append(args, "-drive", drive, "-device", "virtio-blk-pci,drive="+d.name+",serial="+d.name)
 	}
 	for i, s := range c.Shares {
+		if c.Snapshots() {
+			// A slot for it: the share is plugged in once QEMU runs
+			// (ShareHotplug), as QEMU 7.2 cannot migrate vhost-user-fs.
+			args = append(args, "-device", "pcie-root-port,id="+sharePort(i)+",bus=pcie.0,chassis="+strconv.Itoa(i+1))
+			continue
+		}
 		id := "fs" + strconv.Itoa(i)
 		args = append(args, "-chardev", "socket,id="+id+",path="+c.shareSocket(i),
 			"-device", "vhost-user-fs-pci,chardev="+id+",tag="+s.Tag)
@@ -93,7 +115,13 @@ func (c Config) QEMUArgs() []string {
 	} else {
 		args = append(args, "-device", "virtio-serial-pci",
 			"-chardev", "socket,id=agent,path="+c.agentSocket()+",server=on,wait=off",
-			"-device", "virtserialport,chardev=agent,name=agentconnect")
+			"-device", "virtserialport,chardev=agent,name=agentconnect,id="+AgentPortID)
+	}
+	if c.Snapshots() {
+		args = append(args, "-qmp", "unix:"+c.qmpSocket()+",server=on,wait=off")
+	}
+	if l.Incoming {
+		args = append(args, "-incoming", "defer")
 	}
 	// The NIC: QEMU connects to the shim's user-mode network stack, which
 	// judges every connection; never QEMU's own -netdev user.
