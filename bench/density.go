@@ -107,6 +107,10 @@ func benchVMDensity(ctx context.Context, d *daemon, c counts, rep *report) error
 		for _, pid := range append([]int{int(s.ShimPid)}, leftovers.Descendants(children, int(s.ShimPid))...) {
 			if roll, err := readSmapsRollup(pid); err == nil {
 				pss += roll["Pss"] << 10
+				if p := procs[pid]; p != nil && isQEMU(p) {
+					// The guest RAM memfd's pages QEMU has not mapped.
+					pss += max(0, ramHeld(pid)-roll["Pss_Shmem"]) << 10
+				}
 			}
 		}
 	}
@@ -117,7 +121,7 @@ func benchVMDensity(ctx context.Context, d *daemon, c counts, rep *report) error
 	}
 	if n > 0 {
 		rep.add(m, "host memory used per VM", gib(avail0-avail)*1024/float64(n), "MiB", 0, fmt.Sprintf("MemAvailable %.1f -> %.1f GiB", gib(avail0), gib(avail)))
-		rep.add(m, "PSS per VM", gib(pss)*1024/float64(max(running, 1)), "MiB", 0, "the shim and everything under it: QEMU, virtiofsd, bwrap")
+		rep.add(m, "PSS per VM", gib(pss)*1024/float64(max(running, 1)), "MiB", 0, "the shim and everything under it: QEMU (with all its guest RAM memfd holds), virtiofsd, bwrap")
 	}
 	ended = true
 	t1 := time.Now()

@@ -240,7 +240,7 @@ func benchVMMemory(ctx context.Context, d *daemon, c counts, rep *report) error 
 		}
 		total := u.qemu.add(u.virtiofsd).add(u.shim)
 		rep.addGoal(m, fmt.Sprintf("memoryMiB %d: PSS", mib), float64(total.pss)/kib, "MiB", "QEMU+virtiofsd+shim",
-			fmt.Sprintf("QEMU %.1f (guest RAM touched %.1f, QEMU's own %.1f), virtiofsd x%d %.1f, shim %.1f MiB",
+			fmt.Sprintf("QEMU %.1f (guest RAM held %.1f, QEMU's own %.1f), virtiofsd x%d %.1f, shim %.1f MiB",
 				float64(u.qemu.pss)/kib, float64(u.guestRAM)/kib, float64(u.qemu.pss-u.guestRAM)/kib,
 				u.nVirtiofsd, float64(u.virtiofsd.pss)/kib, float64(u.shim.pss)/kib))
 		rep.add(m, fmt.Sprintf("memoryMiB %d: RSS", mib), float64(total.rss)/kib, "MiB", 0, "the same processes; shared pages counted in each")
@@ -258,8 +258,8 @@ func (u memUse) add(v memUse) memUse { return memUse{u.rss + v.rss, u.pss + v.ps
 type vmMemory struct {
 	qemu, virtiofsd, shim, bwrap memUse
 	nVirtiofsd                   int
-	// guestRAM is QEMU's shared-memory PSS: the guest's RAM (a memfd)
-	// that has been touched.
+	// guestRAM is what the guest's RAM (a memfd) holds, in KiB: every
+	// page the guest touched or a restore copied in.
 	guestRAM int64
 }
 
@@ -322,10 +322,17 @@ func vmMemoryOnce(ctx context.Context, d *daemon, a *admin, mib int) (u vmMemory
 		if err != nil {
 			return u, fmt.Errorf("%v: %w", p, err)
 		}
-		*into = into.add(memUse{roll["Rss"], roll["Pss"]})
+		use := memUse{roll["Rss"], roll["Pss"]}
 		if isQEMU(p) {
-			u.guestRAM += roll["Pss_Shmem"]
+			// The guest's RAM is a memfd: what QEMU has mapped of it is in
+			// its PSS, but a restored VM's memfd holds the snapshot's pages
+			// whether the guest touched them or not. Count all it holds.
+			held := ramHeld(p.PID)
+			u.guestRAM += max(held, roll["Pss_Shmem"])
+			extra := max(0, held-roll["Pss_Shmem"])
+			use = use.add(memUse{extra, extra})
 		}
+		*into = into.add(use)
 	}
 	switch {
 	case len(qemus) != 1:
@@ -450,4 +457,24 @@ func benchImage(_ context.Context, d *daemon, _ counts, rep *report) error {
 		rep.add(m, "build time of its make image run", *manifest.BuildSeconds*1000, "ms", 0, "that run built: "+built)
 	}
 	return nil
+}
+
+// ramHeld is what the guest RAM memfds QEMU process pid has open hold, in
+// KiB (their allocated blocks), whether mapped by QEMU or not.
+func ramHeld(pid int) int64 {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	var held int64
+	seen := map[uint64]bool{} // QEMU has the memfd it was given, and its own open of it
+	for _, fd := range fds {
+		path := fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())
+		if target, _ := os.Readlink(path); !strings.HasPrefix(target, "/memfd:agentconnect-vm-ram") {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && !seen[st.Ino] {
+			seen[st.Ino] = true
+			held += st.Blocks / 2
+		}
+	}
+	return held
 }

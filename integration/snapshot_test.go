@@ -12,7 +12,8 @@ import (
 // TestMicrosandboxSnapshot: the first VM start boots and saves a snapshot;
 // the next ones restore it, and each is its own machine: random numbers no
 // other clone has, the host's time, its shares plugged in after the restore
-// (a file written through the workspace reaches the host). A snapshot that
+// (a file written through the workspace reaches the host), a machine id of
+// its own. A snapshot that
 // does not restore is removed, and the session boots instead.
 func TestMicrosandboxSnapshot(t *testing.T) {
 	requireMicrosandbox(t)
@@ -21,12 +22,13 @@ func TestMicrosandboxSnapshot(t *testing.T) {
 r=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "random $r"
 echo "time $(date +%s)"
+echo "machine $(cat /etc/machine-id)"
 echo "$r" > "from-guest-$r"
 echo "files $(ls | grep -c from-guest-)"
 `)
 	ws := filepath.Join(agentDir(t, h, "snap"), "workspace")
 	snapDir := filepath.Join(h, "vm-snapshots")
-	randoms := map[string]string{}
+	randoms, machines := map[string]string{}, map[string]string{}
 	turn := func(what string) (string, string) {
 		t.Helper()
 		id, out := startAndWait(t, h, "snap", "")
@@ -39,6 +41,13 @@ echo "files $(ls | grep -c from-guest-)"
 			t.Errorf("%s: the guest's random bytes %s are %s's too: the restore did not reseed its pool", what, r, other)
 		}
 		randoms[r] = what
+		if m := got["machine"]; len(m) != 32 {
+			t.Errorf("%s: machine id %q, want 32 hex digits", what, m)
+		} else if other, seen := machines[m]; seen {
+			t.Errorf("%s: machine id %s is %s's too", what, m, other)
+		} else {
+			machines[m] = what
+		}
 		if guest, err := strconv.ParseInt(got["time"], 10, 64); err != nil || abs(guest-time.Now().Unix()) > 30 {
 			t.Errorf("%s: the guest's clock says %q, the host's %d", what, got["time"], time.Now().Unix())
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -125,6 +126,7 @@ func loadBootModules(cfg bootConfig, loaded chan<- struct{}, logf func(string, .
 		// Setup waited for them anyway.
 		ix.loadModules(dir, setupModules, logf)
 		close(loaded)
+		settleMemory(logf)
 		return
 	}
 	go func() {
@@ -150,4 +152,42 @@ func listen(cfg bootConfig, logf func(string, ...any)) (net.Listener, error) {
 		}
 		time.Sleep(devicePoll)
 	}
+}
+
+// reportingOrder is where the kernel keeps the smallest free block free
+// page reporting hands back to the host (virtio_balloon sets it to 2 MiB's
+// order when it registers).
+const reportingOrder = "/sys/module/page_reporting/parameters/page_reporting_order"
+
+// bootReportingOrder is reportingOrder's value before settleMemory lowered
+// it, for Setup to put back; "" when it was not lowered.
+var bootReportingOrder string
+
+// settleMemory has free page reporting hand back every free page, not only
+// whole 2 MiB blocks, drops the kernel's clean caches and compacts what is
+// free: a serial VM is saved as a snapshot right after (the host waits for
+// the report), and every clone copies what the snapshot holds. ~40 MiB less
+// per clone here. Setup puts the order back (restoreReportingOrder): 4 KiB
+// reports cost the running guest page faults on memory it frees and reuses.
+func settleMemory(logf func(string, ...any)) {
+	if b, err := os.ReadFile(reportingOrder); err == nil {
+		if err := os.WriteFile(reportingOrder, []byte("0"), 0); err != nil {
+			logf("boot: %s: %v", reportingOrder, err)
+		} else {
+			bootReportingOrder = strings.TrimSpace(string(b))
+		}
+	}
+	for knob, val := range map[string]string{"/proc/sys/vm/drop_caches": "3", "/proc/sys/vm/compact_memory": "1"} {
+		if err := os.WriteFile(knob, []byte(val), 0); err != nil {
+			logf("boot: %s: %v", knob, err)
+		}
+	}
+}
+
+// restoreReportingOrder puts back what settleMemory changed.
+func restoreReportingOrder() error {
+	if bootReportingOrder == "" {
+		return nil
+	}
+	return os.WriteFile(reportingOrder, []byte(bootReportingOrder), 0)
 }

@@ -1,7 +1,9 @@
 package vmagent
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -300,6 +302,9 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if err := step("take the host's randomness and time", freshIdentity(plan.entropy, plan.now)); err != nil {
 		return err
 	}
+	if err := step("put free page reporting's order back", restoreReportingOrder()); err != nil {
+		return err
+	}
 	disks, err := findDisks(paths, []string{plan.root, plan.upper, plan.docker}, deviceWait)
 	if err := step("find disks", err); err != nil {
 		return err
@@ -319,6 +324,9 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 		return err
 	}
 	if err := step("mount the overlay root", mountOverlay(lower, upper, root)); err != nil {
+		return err
+	}
+	if err := step("give the VM its machine id", ensureMachineID(root)); err != nil {
 		return err
 	}
 	if err := step("mount the system filesystems", mountAll(root, append(systemMounts[:len(systemMounts):len(systemMounts)], cgroupMount))); err != nil {
@@ -401,6 +409,26 @@ func freshIdentity(entropy []byte, now time.Time) error {
 		return fmt.Errorf("set the clock: %w", err)
 	}
 	return nil
+}
+
+// ensureMachineID writes a random /etc/machine-id into root when it has
+// none (or an empty one, as container images ship it): every VM is its own
+// machine, restored from a snapshot or not, and keeps its id on its upper
+// disk across stop and resume. Called after the pool was reseeded.
+func ensureMachineID(root string) error {
+	const name = "/etc/machine-id"
+	resolved, err := resolveIn(root, name)
+	if err != nil {
+		return err
+	}
+	if b, err := os.ReadFile(filepath.Join(root, resolved)); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return nil
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return err
+	}
+	return replaceFile(root, name, hex.EncodeToString(id)+"\n")
 }
 
 // dropBuffers drops the kernel's cached blocks of each disk (BLKFLSBUF).

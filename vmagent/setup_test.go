@@ -307,3 +307,30 @@ func TestWaitSharesCountsTheDriversDevices(t *testing.T) {
 		t.Errorf("no shares, no driver loaded: %v", err)
 	}
 }
+
+// TestEnsureMachineID: an image with no machine id, or an empty one, gets a
+// random one; one that has an id keeps it; two VMs never share one.
+func TestEnsureMachineID(t *testing.T) {
+	read := func(root string) string {
+		b, _ := os.ReadFile(filepath.Join(root, "etc/machine-id"))
+		return string(b)
+	}
+	a, b := imageRoot(t), imageRoot(t)
+	for _, root := range []string{a, b} {
+		if err := ensureMachineID(root); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if id := read(a); len(id) != 33 || !strings.HasSuffix(id, "\n") || id == read(b) {
+		t.Errorf("machine ids %q and %q: want two different 32-hex-digit lines", id, read(b))
+	}
+	kept := read(a)
+	if err := ensureMachineID(a); err != nil || read(a) != kept {
+		t.Errorf("an existing id was replaced: %q -> %q, %v", kept, read(a), err)
+	}
+	empty := imageRoot(t)
+	os.WriteFile(filepath.Join(empty, "etc/machine-id"), nil, 0o444)
+	if err := ensureMachineID(empty); err != nil || len(read(empty)) != 33 {
+		t.Errorf("an empty machine-id stayed empty: %q, %v", read(empty), err)
+	}
+}
