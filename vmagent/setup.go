@@ -302,9 +302,6 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if err := step("take the host's randomness and time", freshIdentity(plan.entropy, plan.now)); err != nil {
 		return err
 	}
-	if err := step("put free page reporting's order back", restoreReportingOrder()); err != nil {
-		return err
-	}
 	disks, err := findDisks(paths, []string{plan.root, plan.upper, plan.docker}, deviceWait)
 	if err := step("find disks", err); err != nil {
 		return err

@@ -27,8 +27,8 @@ import (
 // cannot tell one from the other: Setup gives it the host's entropy and time
 // either way.
 
-// snapshotTimeout bounds saving a snapshot and restoring one: the device
-// state is ~0.5 MiB, the RAM ~100 MiB copied on the host.
+// snapshotTimeout bounds saving a snapshot (a restore is bounded by the
+// boot's): the device state is ~0.9 MiB, the RAM ~90 MiB copied on the host.
 const snapshotTimeout = 30 * time.Second
 
 // errRestore is a snapshot that did not restore: the start is tried again
@@ -241,37 +241,6 @@ func (vm *vmRun) openSnapshot(restore bool) (*vmsnapshot.Snapshot, error) {
 	return snap, nil
 }
 
-// Free page reporting hands what the booted guest freed back to the host
-// (QEMU punches it out of the RAM memfd) a few seconds after the guest
-// agent settles its memory (see the guest agent's settleMemory), and what
-// is left is what every clone copies: the save waits for the first report
-// (~2 s here under TCG, 123 -> 85 MiB), once per snapshot key.
-const (
-	reportWait   = 3 * time.Second        // at most
-	reportPoll   = 100 * time.Millisecond // the memfd's size read this often
-	reportSettle = 500 * time.Millisecond // and unchanged this long after it shrank
-)
-
-// awaitFreePageReport waits until the RAM memfd has shrunk and then stayed
-// the same for reportSettle, or reportWait has passed.
-func (vm *vmRun) awaitFreePageReport() {
-	held := func() int64 {
-		var st unix.Stat_t
-		unix.Fstat(int(vm.ram.Fd()), &st)
-		return st.Blocks
-	}
-	first := held()
-	last, since := first, time.Now()
-	for deadline := time.Now().Add(reportWait); time.Now().Before(deadline); time.Sleep(reportPoll) {
-		switch now := held(); {
-		case now != last:
-			last, since = now, time.Now()
-		case last < first && time.Since(since) >= reportSettle:
-			return
-		}
-	}
-}
-
 // restoreFailed removes the snapshot that did not restore, and says why
 // (errRestore: prepareOrBoot boots instead).
 func (vm *vmRun) restoreFailed(err error) error {
@@ -320,7 +289,6 @@ func (vm *vmRun) snapshotOrRestore(snap *vmsnapshot.Snapshot, save bool, exited 
 		}
 		vm.st.Done("boot")
 		if save {
-			vm.awaitFreePageReport()
 			sctx, scancel := context.WithTimeout(ctx, snapshotTimeout)
 			err := m.save(sctx, vm.store, vm.snapKey, vm.ram)
 			scancel()
