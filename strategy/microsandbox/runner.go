@@ -111,12 +111,9 @@ func (Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
 }
 
 // prepareOrBoot is prepare, from the VM's snapshot when it has one; a
-// snapshot that does not restore is removed, and the VM boots. A warm VM
-// (settle) boots: it is built off the session's path, and a booted guest
-// runs the claim's exec faster than a restored one, whose TCG translates
-// everything afresh (exec step median 72 against 97 ms, five claims each).
+// snapshot that does not restore is removed, and the VM boots.
 func prepareOrBoot(h *shim.Host, settle bool) (*vmRun, error) {
-	vm, err := prepare(h, settle, !settle, false)
+	vm, err := prepare(h, settle, true, false)
 	if r, ok := restoreError(err); ok {
 		h.Log().WithError(err).Warn("the VM's snapshot did not restore; removed, booting instead")
 		vm, err = prepare(h, settle, false, r.freshDisks)

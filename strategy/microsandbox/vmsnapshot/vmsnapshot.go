@@ -103,6 +103,12 @@ func (st Store) Save(key string, writeState func(*os.File) error, ram *os.File) 
 			return err
 		}
 		err = fill(f)
+		if err == nil {
+			// On disk before the rename: a crash leaves no short
+			// snapshot, and no other fsync on the filesystem waits for
+			// this data in the journal.
+			err = f.Sync()
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
