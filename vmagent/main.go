@@ -139,18 +139,16 @@ func listen(cfg bootConfig, logf func(string, ...any)) (net.Listener, error) {
 	if cfg.transport == "vsock" {
 		return vmtransport.ListenVsock(cfg.port)
 	}
-	deadline := time.Now().Add(portWait)
-	for {
-		path, err := vmtransport.FindSerialPort(vmtransport.SerialPortName)
-		if err == nil {
-			return vmtransport.ListenSerial(path, vmtransport.WithLogf(logf))
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w (waited %v; is the host's -device virtserialport,name=%s there?)",
-				err, portWait, vmtransport.SerialPortName)
-		}
-		time.Sleep(devicePoll)
+	var path string
+	var err error
+	if !pollUntil(portWait, func() bool {
+		path, err = vmtransport.FindSerialPort(vmtransport.SerialPortName)
+		return err == nil
+	}) {
+		return nil, fmt.Errorf("%w (waited %v; is the host's -device virtserialport,name=%s there?)",
+			err, portWait, vmtransport.SerialPortName)
 	}
+	return vmtransport.ListenSerial(path, vmtransport.WithLogf(logf))
 }
 
 // reportWait is how long a serial guest agent leaves free page reporting

@@ -447,41 +447,50 @@ func dropBuffers(disks map[string]string) error {
 // waitShares waits, at most wait, until the virtiofs driver drives n
 // devices.
 func waitShares(paths setupPaths, n int, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	for {
+	found := 0
+	if pollUntil(wait, func() bool {
 		entries, _ := os.ReadDir(paths.virtiofs)
-		found := 0
+		found = 0
 		for _, e := range entries {
 			if strings.HasPrefix(e.Name(), "virtio") {
 				found++
 			}
 		}
-		if found >= n {
-			return nil
-		}
+		return found >= n
+	}) {
+		return nil
+	}
+	return fmt.Errorf("%d of %d virtiofs devices in %s after %v (is each attached with vhost-user-fs-pci?)",
+		found, n, paths.virtiofs, wait)
+}
+
+// pollUntil calls ready every devicePoll until it reports true, for at most
+// wait, and reports whether it did: the guest's devices come asynchronously.
+// ready runs at least once.
+func pollUntil(wait time.Duration, ready func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for !ready() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d virtiofs devices in %s after %v (is each attached with vhost-user-fs-pci?)",
-				found, n, paths.virtiofs, wait)
+			return false
 		}
 		time.Sleep(devicePoll)
 	}
+	return true
 }
 
 // findDisks waits, at most wait, for a virtio disk with each serial
 // ("" is skipped), and returns their device paths by serial.
 func findDisks(paths setupPaths, serials []string, wait time.Duration) (map[string]string, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		found, missing := scanDisks(paths, serials)
-		if len(missing) == 0 {
-			return found, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("no disk with serial %s in %s after %v (is it attached with -drive ...,serial=NAME?)",
-				strings.Join(missing, ", "), paths.sysBlock, wait)
-		}
-		time.Sleep(devicePoll)
+	var found map[string]string
+	var missing []string
+	if pollUntil(wait, func() bool {
+		found, missing = scanDisks(paths, serials)
+		return len(missing) == 0
+	}) {
+		return found, nil
 	}
+	return nil, fmt.Errorf("no disk with serial %s in %s after %v (is it attached with -drive ...,serial=NAME?)",
+		strings.Join(missing, ", "), paths.sysBlock, wait)
 }
 
 func scanDisks(paths setupPaths, serials []string) (map[string]string, []string) {
@@ -677,15 +686,8 @@ func hostsFile(hostname string) string {
 
 // configureNetwork brings the NIC up with its address and default route.
 func configureNetwork(n networkSpec) error {
-	deadline := time.Now().Add(deviceWait)
-	for {
-		if _, err := net.InterfaceByName(netDevice); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no %s after %v (is a virtio-net device attached?)", netDevice, deviceWait)
-		}
-		time.Sleep(devicePoll)
+	if !pollUntil(deviceWait, func() bool { _, err := net.InterfaceByName(netDevice); return err == nil }) {
+		return fmt.Errorf("no %s after %v (is a virtio-net device attached?)", netDevice, deviceWait)
 	}
 	if err := linkUp(netDevice); err != nil {
 		return err
