@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -236,7 +237,12 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 	switch state.Status {
 	case shimv1.Status_CREATED:
 		// The supervisor stopped between starting the shim and starting
-		// the runtime: finish the start that was asked for.
+		// the runtime: finish the start that was asked for, beginning with
+		// the cgroup it made beside the shim's start (it may not have).
+		if err := s.finishCgroup(rec); err != nil {
+			ss.setEnded(s.failedStart(ss, rec, conn, boot, err, adoptTimeout))
+			return nil
+		}
 		resp, err := conn.shim.Start(ctx, &shimv1.StartRequest{})
 		if err != nil {
 			if st, _ := ss.dir.ReadStatus(); st != nil && st.Run == rec.Run && st.State != session.Running {
@@ -268,6 +274,20 @@ func (s *Supervisor) adopt(ss *sessionState, boot *session.Bootstrap) error {
 	return nil
 }
 
+// finishCgroup makes the cgroup a start named in the session's record, for
+// a start the supervisor was killed in: the shim joins the runtime to it.
+// Making it again is harmless: what exists stays, the limits are set again.
+func (s *Supervisor) finishCgroup(rec *session.Record) error {
+	if len(rec.Spec.Cgroup) == 0 {
+		return nil
+	}
+	if s.cgroups == nil || !slices.Equal(s.cgroups.Dirs(rec.ID), rec.Spec.Cgroup) {
+		return fmt.Errorf("the session's cgroup %s is not where this daemon makes cgroups (was the daemon moved to another cgroup?); start the session again", rec.Spec.Cgroup[0])
+	}
+	_, err := s.cgroups.Create(rec.ID, rec.Spec.Limits)
+	return err
+}
+
 // readopt keeps trying a shim that is alive but did not answer, until it
 // answers, dies, or the supervisor stops.
 func (s *Supervisor) readopt(ss *sessionState, boot *session.Bootstrap) {
@@ -279,10 +299,11 @@ func (s *Supervisor) readopt(ss *sessionState, boot *session.Bootstrap) {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		_, present := s.sessions[ss.id]
-		s.mu.Unlock()
-		if !present || ss.record().Run != boot.Run {
+		// The session's own mark, not the supervisor's map: recovery starts
+		// this before it puts its sessions in the map, and a recovery
+		// slower than one tick (a VM restoring under load) ended it there,
+		// leaving the session running after its shim had exited.
+		if ss.isRemoved() || ss.record().Run != boot.Run {
 			return
 		}
 		if !procstat.Alive(boot.PID, boot.StartTime) {

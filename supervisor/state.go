@@ -149,6 +149,12 @@ func (ss *sessionState) connection() *shimConn {
 	return ss.conn
 }
 
+func (ss *sessionState) isRemoved() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.removed
+}
+
 func (ss *sessionState) markRemoved() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
