@@ -143,20 +143,44 @@ func TestWarmBoundaries(t *testing.T) {
 
 			// A supervisor SIGKILL: the next one discards what it finds
 			// and builds its own.
-			left := waitWarm(t, h, 2)
-			d.kill9()
-			d.restart()
-			again := waitWarm(t, h, 2)
-			for old, pid := range left {
-				if _, still := again[old]; still || procstat.Alive(pid, 0) {
-					t.Errorf("warm boundary %s (shim %d) of the killed supervisor is still there", old, pid)
-				}
-				for _, dir := range []string{"sessions", "vms"} {
-					if _, err := os.Stat(filepath.Join(h, dir, old)); err == nil {
-						t.Errorf("warm boundary %s of the killed supervisor left its %s directory", old, dir)
+			gone := func(left, again map[string]int) {
+				t.Helper()
+				for old, pid := range left {
+					if _, still := again[old]; still || procstat.Alive(pid, 0) {
+						t.Errorf("warm boundary %s (shim %d) of the killed supervisor is still there", old, pid)
+					}
+					for _, dir := range []string{"sessions", "vms"} {
+						if _, err := os.Stat(filepath.Join(h, dir, old)); err == nil {
+							t.Errorf("warm boundary %s of the killed supervisor left its %s directory", old, dir)
+						}
 					}
 				}
 			}
+			left := waitWarm(t, h, 2)
+			d.kill9()
+			d.restart()
+			ready := waitWarm(t, h, 2)
+			gone(left, ready)
+			// Again while the boundaries of an edit are being built (a
+			// VM's restore takes a second or more): the shims still
+			// preparing go too.
+			ok(t, h, "agent", "edit", "w", "--env", "A=3")
+			var building map[string]int
+			eventually(t, 30*time.Second, "a build of the edited agent begun", func() bool {
+				building = warmShims(h)
+				for id := range building {
+					if _, old := ready[id]; !old {
+						return true
+					}
+				}
+				return false
+			})
+			d.kill9()
+			restart := time.Now()
+			d.restart()
+			t.Logf("SIGKILLed while %d warm boundaries were there or being built; the next daemon answered after %v",
+				len(building), time.Since(restart).Round(time.Millisecond))
+			gone(building, waitWarm(t, h, 2))
 			roots := leftovers.CgroupRoots(show(t, h, id).Cgroup)
 
 			// Removing the agent leaves nothing of its warm boundaries.

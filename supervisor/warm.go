@@ -321,25 +321,33 @@ func (s *Supervisor) discardAll(list []*warmShim) {
 // prepared run and exits (killed if it does not), and its directory,
 // cgroup and socket go.
 func (s *Supervisor) discardWarm(w *warmShim) {
-	s.endWarm(w.rec, w.boot, w.conn, callTimeout)
+	s.endWarm(w.rec, w.boot, w.conn, callTimeout, shimExitTimeout)
 }
+
+// warmLeftoverExit is how long recovery waits for an earlier supervisor's
+// warm shim to exit once asked: a prepared one discards its run at once,
+// one still preparing (a VM booting) would only exit when its boot ends,
+// seconds during which no session could be served; it is killed instead
+// (its cgroup kill takes the rest).
+const warmLeftoverExit = time.Second
 
 // removeWarmLeftover removes what a warm shim of an earlier supervisor
 // left: the shim, its run's leftovers and its directory (recovery).
 func (s *Supervisor) removeWarmLeftover(dir session.Dir, rec *session.Record) {
 	boot, _ := dir.ReadBootstrap()
 	if boot == nil || boot.Run != rec.Run {
-		s.endWarm(rec, nil, nil, 0)
+		s.endWarm(rec, nil, nil, 0, 0)
 		return
 	}
 	conn, _ := dialShim(s.ctx, boot, adoptTimeout)
-	s.endWarm(rec, boot, conn, adoptTimeout)
+	s.endWarm(rec, boot, conn, adoptTimeout, warmLeftoverExit)
 }
 
 // endWarm ends the warm shim of boot (nil: none was started): asked over
 // conn (nil: it did not answer) to shut down within timeout, and killed
-// unless it does; then the run's leftovers and its directories go.
-func (s *Supervisor) endWarm(rec *session.Record, boot *session.Bootstrap, conn *shimConn, timeout time.Duration) {
+// unless it has exited within exitTimeout; then the run's leftovers and its
+// directories go.
+func (s *Supervisor) endWarm(rec *session.Record, boot *session.Bootstrap, conn *shimConn, timeout, exitTimeout time.Duration) {
 	if boot != nil {
 		gone := false
 		if conn != nil {
@@ -347,7 +355,7 @@ func (s *Supervisor) endWarm(rec *session.Record, boot *session.Bootstrap, conn 
 			_, err := conn.shim.Shutdown(ctx, &shimv1.ShutdownRequest{})
 			cancel()
 			conn.close()
-			gone = err == nil && waitGone(boot.PID, boot.StartTime, shimExitTimeout)
+			gone = err == nil && waitGone(boot.PID, boot.StartTime, exitTimeout)
 		}
 		if !gone {
 			s.stopShim(boot)
