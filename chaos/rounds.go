@@ -305,7 +305,7 @@ func (c *chaos) check(p *plan) string {
 			return fmt.Sprintf("%s: its start failed (%s), yet it ran and exited 0", j, j.startErr)
 		}
 		if j.startErr == "" {
-			if err := c.judge(j, s); err != nil {
+			if err := c.judge(j, s, p.fullDisk); err != nil {
 				return err.Error()
 			}
 		}
