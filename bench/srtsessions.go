@@ -178,14 +178,37 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		return fmt.Errorf("no session started: %s", strings.Join(problems, "; "))
 	}
 
-	list, err := a.ListSessions(ctx, &adminv1.ListSessionsRequest{Agent: srtAgent})
-	if err != nil {
-		return err
+	// A start this client gave up on (its deadline) goes on in the daemon
+	// and is listed once it has run: wait until the list holds still.
+	var list *adminv1.ListSessionsResponse
+	for deadline, seen, still := time.Now().Add(2*time.Minute), -1, time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if list, err = a.ListSessions(ctx, &adminv1.ListSessionsRequest{Agent: srtAgent}); err != nil {
+			return err
+		}
+		if len(list.Sessions) != seen {
+			seen, still = len(list.Sessions), time.Now()
+		}
+		if len(started) == n || time.Since(still) > 2*time.Second || time.Now().After(deadline) {
+			break
+		}
 	}
 	running := 0
+	var late []*adminv1.Session
 	for _, s := range list.Sessions {
 		if ids[s.Id] && s.State == "running" {
 			running++
+		}
+		if !ids[s.Id] {
+			late = append(late, s)
+		}
+	}
+	if len(late) > 0 {
+		// Starts this client gave up on (its deadline) that the daemon went
+		// on with: sessions all the same, listed, and removed here so
+		// that what is left behind below is the daemon's.
+		problems = append(problems, fmt.Sprintf("%d sessions of the starts that failed here ran all the same (the daemon went on after the client's deadline): removed", len(late)))
+		if err := removeSessions(ctx, a, late); err != nil {
+			problems = append(problems, "remove the late sessions: "+err.Error())
 		}
 	}
 	if running != len(started) {
