@@ -178,8 +178,9 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		return fmt.Errorf("no session started: %s", strings.Join(problems, "; "))
 	}
 
-	// A start this client gave up on (its deadline) goes on in the daemon
-	// and is listed once it has run: wait until the list holds still.
+	// A start this client gave up on (its deadline) is stopped and removed
+	// by the daemon once it has run; until then it is listed: wait until
+	// the list holds still.
 	var list *adminv1.ListSessionsResponse
 	for deadline, seen, still := time.Now().Add(2*time.Minute), -1, time.Now(); ; time.Sleep(100 * time.Millisecond) {
 		if list, err = a.ListSessions(ctx, &adminv1.ListSessionsRequest{Agent: srtAgent}); err != nil {
@@ -203,10 +204,10 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 		}
 	}
 	if len(late) > 0 {
-		// Starts this client gave up on (its deadline) that the daemon went
-		// on with: sessions all the same, listed, and removed here so
-		// that what is left behind below is the daemon's.
-		problems = append(problems, fmt.Sprintf("%d sessions of the starts that failed here ran all the same (the daemon went on after the client's deadline): removed", len(late)))
+		// Sessions this client did not start that the daemon kept (it
+		// removes those of starts their caller gave up on): removed here,
+		// so that what is left behind below is the daemon's.
+		problems = append(problems, fmt.Sprintf("%d sessions of starts that failed here were still there once the list held still: removed", len(late)))
 		if err := removeSessions(ctx, a, late); err != nil {
 			problems = append(problems, "remove the late sessions: "+err.Error())
 		}

@@ -168,11 +168,11 @@ func secretToProto(sec secret.Secret, agents []string) *adminv1.Secret {
 	}
 }
 
-func (a *adminService) StartSession(_ context.Context, req *adminv1.StartSessionRequest) (*adminv1.Session, error) {
+func (a *adminService) StartSession(ctx context.Context, req *adminv1.StartSessionRequest) (*adminv1.Session, error) {
 	if len(req.Command) > 0 && req.Command[0] == "" {
 		return nil, rpcstatus.ToStatus(errdefs.InvalidArgument("empty command"))
 	}
-	v, err := a.s.startSession(req.Agent, req.Command)
+	v, err := a.s.startSession(ctx, req.Agent, req.Command)
 	if err != nil {
 		return nil, rpcstatus.ToStatus(err)
 	}

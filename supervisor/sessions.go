@@ -328,12 +328,31 @@ func (s *Supervisor) doneStartingLocked(id string) {
 	}
 }
 
-// startSession creates a session of the agent called agentName and runs it.
+// startSession creates a session of the agent called agentName and runs it,
+// for a caller waiting on ctx. A caller that gives up before the start
+// answers (its deadline, a closed connection) gets an error and never learns
+// the session's id: the session is stopped and removed again, so that a
+// start that answers with an error leaves nothing.
+func (s *Supervisor) startSession(ctx context.Context, agentName string, command []string) (view, error) {
+	v, err := s.createAndRun(agentName, command)
+	if err != nil || ctx.Err() == nil || s.ctx.Err() != nil {
+		// (A supervisor that stops closes its callers' connections: its
+		// sessions keep running, this one too.)
+		return v, err
+	}
+	if rerr := s.removeSession(v.ID, true); rerr != nil {
+		s.log.WithError(rerr).WithField("session", v.ID).Warn("remove the session of a start its caller gave up on")
+	}
+	s.log.WithField("session", v.ID).Info("start abandoned by its caller: session stopped and removed")
+	return view{}, fmt.Errorf("start of session %s: %w; its caller gave up before it answered, so the session was stopped and removed", v.ID, context.Cause(ctx))
+}
+
+// createAndRun creates a session of the agent called agentName and runs it.
 // From the moment the agent is read until the session is registered, the
 // start is counted in s.starting, so that the agent cannot be removed in
 // between (deleteAgent refuses while a start is counted): there is never a
 // session of a removed agent, nor a run in a removed agent directory.
-func (s *Supervisor) startSession(agentName string, command []string) (view, error) {
+func (s *Supervisor) createAndRun(agentName string, command []string) (view, error) {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(agentName)
 	var ag agent.Agent

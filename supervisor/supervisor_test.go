@@ -113,7 +113,7 @@ func TestNotOfferedAgentIsRefused(t *testing.T) {
 	if offered || !strings.HasPrefix(why, "Not offered where this agent is placed.") {
 		t.Errorf("offered = %v, %q; want the seed's words", offered, why)
 	}
-	_, err = s.startSession("boxed", nil)
+	_, err = s.startSession(context.Background(), "boxed", nil)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "sandbox.srt is off on this daemon") {
 		t.Errorf("startSession = %v, want FailedPrecondition with the reason", err)
 	}
