@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -121,16 +120,10 @@ func TestMalformedAdminRequests(t *testing.T) {
 	}
 
 	// An oversized message through a real client: refused, nothing else.
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := ttrpc.NewClient(conn)
-	defer c.Close()
-	admin := adminv1.NewAdminClient(c)
+	admin := adminClient(t, home)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = admin.WriteStdin(ctx, &adminv1.WriteStdinRequest{Id: "x", Data: make([]byte, 5<<20)})
+	_, err := admin.WriteStdin(ctx, &adminv1.WriteStdinRequest{Id: "x", Data: make([]byte, 5<<20)})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("a 5 MiB request: %v, want ResourceExhausted", err)
 	}

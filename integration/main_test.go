@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/ttrpc"
+
+	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/internal/home"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/reaper"
 )
@@ -330,4 +335,18 @@ func requireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
 	}
+}
+
+// adminClient is an admin API client of home's daemon, for what the CLI
+// cannot send (a deadline of the test's, an oversized message); it is
+// closed when the test ends.
+func adminClient(t *testing.T, h string) adminv1.AdminClient {
+	t.Helper()
+	conn, err := net.Dial("unix", home.Layout{Root: h}.AdminSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ttrpc.NewClient(conn)
+	t.Cleanup(func() { c.Close() })
+	return adminv1.NewAdminClient(c)
 }

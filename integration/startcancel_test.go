@@ -2,14 +2,11 @@ package integration
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/containerd/ttrpc"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/internal/leftovers"
@@ -23,13 +20,7 @@ func TestStartItsCallerGaveUpOnLeavesNothing(t *testing.T) {
 	home := newHome(t)
 	d := startDaemon(t, home)
 	ok(t, home, "agent", "create", "sleeper", "--", "sleep", "600")
-	conn, err := net.Dial("unix", filepath.Join(home, "run", "agentconnect.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := ttrpc.NewClient(conn)
-	defer c.Close()
-	admin := adminv1.NewAdminClient(c)
+	admin := adminClient(t, home)
 	procs := leftovers.Processes(d.pid(), home)
 	for range 5 {
 		// A host start takes milliseconds (a shim's start, the runtime's):

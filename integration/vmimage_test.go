@@ -98,14 +98,14 @@ func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
 	}
 	// Each run's time is logged: this test is the suite's longest (about
 	// 320 s of its 950 under TCG here).
-	run := func(what, id string) (string, string) {
+	timed := func(what, id string) (string, string) {
 		t.Helper()
 		start := time.Now()
 		id, out := startAndWaitWithin(t, h, "dock", id, 10*time.Minute)
 		t.Logf("%s: %v", what, time.Since(start).Round(time.Second))
 		return id, out
 	}
-	id, out := run("first run", "")
+	id, out := timed("first run", "")
 	check("first run", out, "absent")
 	got := parseCodes(out)
 	for _, r := range known {
@@ -120,11 +120,11 @@ func TestMicrosandboxImageDockerAndRuntimes(t *testing.T) {
 	os.Remove(filepath.Join(workspace, "run-inits"))
 	os.Remove(filepath.Join(workspace, "flood-console"))
 
-	_, out = run("resumed", id)
+	_, out = timed("resumed", id)
 	check("resumed", out, "kept")
 
 	// More memory: a new VM, a new docker disk.
 	ok(t, h, "agent", "edit", "dock", "--memory-mib", "1152")
-	_, out = run("after a rebuild", id)
+	_, out = timed("after a rebuild", id)
 	check("after a rebuild", out, "absent")
 }
