@@ -340,10 +340,12 @@ func (s *Supervisor) startSession(ctx context.Context, agentName string, command
 		// sessions keep running, this one too.)
 		return v, err
 	}
+	log := s.log.WithField("session", v.ID)
 	if rerr := s.removeSession(v.ID, true); rerr != nil {
-		s.log.WithError(rerr).WithField("session", v.ID).Warn("remove the session of a start its caller gave up on")
+		log.WithError(rerr).Warn("start abandoned by its caller: the session could not be removed")
+		return view{}, fmt.Errorf("start of session %s: %w; its caller gave up before it answered, and removing the session failed: %v (session rm --force %s)", v.ID, context.Cause(ctx), rerr, v.ID)
 	}
-	s.log.WithField("session", v.ID).Info("start abandoned by its caller: session stopped and removed")
+	log.Info("start abandoned by its caller: session stopped and removed")
 	return view{}, fmt.Errorf("start of session %s: %w; its caller gave up before it answered, so the session was stopped and removed", v.ID, context.Cause(ctx))
 }
 
