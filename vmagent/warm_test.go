@@ -2,9 +2,14 @@ package vmagent
 
 import (
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestWaitReaped: a settling Setup returns once the warm tools are reaped
@@ -30,5 +35,29 @@ func TestWaitReaped(t *testing.T) {
 	waitReaped([]int{stuck.Pid}, 50*time.Millisecond)
 	if err := syscall.Kill(stuck.Pid, 0); err != nil {
 		t.Errorf("the process that never ends: %v", err)
+	}
+}
+
+// TestWarmToolsRunIdle: the warm tools run in the idle scheduling class,
+// so that a runtime started right after a cold Setup never waits for them.
+func TestWarmToolsRunIdle(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "policy")
+	defer func(saved [][]string) { warmTools = saved }(warmTools)
+	// Field 41 of /proc/PID/stat is the scheduling policy (SCHED_IDLE 5).
+	warmTools = [][]string{{"/bin/sh", "-c", "cut -d' ' -f41 /proc/self/stat > " + out}}
+	pids := <-startWarmTools(t.Logf)
+	if len(pids) != 1 {
+		t.Fatalf("started %v, want one tool", pids)
+	}
+	var ws syscall.WaitStatus
+	if _, err := syscall.Wait4(pids[0], &ws, 0, nil); err != nil || ws.ExitStatus() != 0 {
+		t.Fatalf("the tool: %v, exit %d", err, ws.ExitStatus())
+	}
+	policy, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(policy)); got != strconv.Itoa(unix.SCHED_IDLE) {
+		t.Errorf("the warm tool's scheduling policy is %s, want SCHED_IDLE (%d)", got, unix.SCHED_IDLE)
 	}
 }
