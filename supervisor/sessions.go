@@ -334,7 +334,7 @@ func (s *Supervisor) doneStartingLocked(id string) {
 // the session's id: the session is stopped and removed again, so that a
 // start that answers with an error leaves nothing.
 func (s *Supervisor) startSession(ctx context.Context, agentName string, command []string) (view, error) {
-	v, err := s.createAndRun(agentName, command)
+	v, err := s.createAndRun(ctx, agentName, command)
 	if err != nil || ctx.Err() == nil || s.ctx.Err() != nil {
 		// (A supervisor that stops closes its callers' connections: its
 		// sessions keep running, this one too.)
@@ -349,12 +349,12 @@ func (s *Supervisor) startSession(ctx context.Context, agentName string, command
 	return view{}, fmt.Errorf("start of session %s: %w; its caller gave up before it answered, so the session was stopped and removed", v.ID, context.Cause(ctx))
 }
 
-// createAndRun creates a session of the agent called agentName and runs it.
-// From the moment the agent is read until the session is registered, the
+// createAndRun creates a session of the agent called agentName and runs it;
+// a cold start waits for a start slot (startGate) while ctx lasts. From the moment the agent is read until the session is registered, the
 // start is counted in s.starting, so that the agent cannot be removed in
 // between (deleteAgent refuses while a start is counted): there is never a
 // session of a removed agent, nor a run in a removed agent directory.
-func (s *Supervisor) createAndRun(agentName string, command []string) (view, error) {
+func (s *Supervisor) createAndRun(ctx context.Context, agentName string, command []string) (view, error) {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(agentName)
 	var ag agent.Agent
@@ -417,7 +417,7 @@ func (s *Supervisor) createAndRun(agentName string, command []string) (view, err
 	if warm != nil {
 		err = s.runWarm(ss, warm, private, st)
 	} else {
-		err = s.startRun(ss, rec, private, st)
+		err = s.startRun(ctx, ss, rec, private, st)
 	}
 	if err != nil {
 		s.removeSessionFiles(rec.ID)
@@ -460,10 +460,19 @@ func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets, 
 }
 
 // startRun starts one run of a session: its cgroup, its shim, its runtime
-// (with private, the variables only the shim's memory holds). On an error
-// nothing of the run is left; a runtime that could not start leaves the
-// session exited with the reason. st times the steps, for the log.
-func (s *Supervisor) startRun(ss *sessionState, rec *session.Record, private runSecrets, st *steps.Steps) error {
+// (with private, the variables only the shim's memory holds), once one of
+// its strategy's start slots is free (waiting while wait lasts). On an
+// error nothing of the run is left; a runtime that could not start leaves
+// the session exited with the reason. st times the steps, for the log.
+func (s *Supervisor) startRun(wait context.Context, ss *sessionState, rec *session.Record, private runSecrets, st *steps.Steps) error {
+	release, waited, err := s.gate.acquire(wait, s.ctx, rec.Strategy)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if waited {
+		st.Done("wait for a start slot")
+	}
 	conn, boot, err := s.launchShim(s.ctx, ss.dir, rec, st)
 	if err != nil {
 		return err
@@ -934,7 +943,7 @@ func (s *Supervisor) resumeSession(id string) (view, error) {
 	ss.mu.Lock()
 	ss.rec = &rec
 	ss.mu.Unlock()
-	if err := s.startRun(ss, &rec, private, steps.New()); err != nil {
+	if err := s.startRun(s.ctx, ss, &rec, private, steps.New()); err != nil {
 		ss.mu.Lock()
 		ss.rec = old
 		ss.mu.Unlock()

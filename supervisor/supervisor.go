@@ -93,7 +93,8 @@ type Supervisor struct {
 	// session, or a resume): an agent is not removed while one is.
 	starting map[string]int
 
-	warm *warmPool // the agents' warm boundaries
+	warm *warmPool  // the agents' warm boundaries
+	gate *startGate // the cold starts in flight, per strategy
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the
@@ -135,6 +136,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		sessions:  map[string]*sessionState{},
 		starting:  map[string]int{},
 		warm:      newWarmPool(),
+		gate:      newStartGate(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {

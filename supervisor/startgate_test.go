@@ -1,0 +1,76 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/strategy"
+)
+
+// TestStartGate: a strategy's starts beyond its slots wait until one ends,
+// their caller gives up or the supervisor stops; another strategy's do not
+// wait for them.
+func TestStartGate(t *testing.T) {
+	g := newStartGate()
+	bg := context.Background()
+	n := startsPerCPU * runtime.NumCPU()
+	var releases []func()
+	for i := 0; i < n; i++ {
+		release, waited, err := g.acquire(bg, bg, strategy.SRT)
+		if err != nil || waited {
+			t.Fatalf("slot %d of %d: waited %v, %v", i+1, n, waited, err)
+		}
+		releases = append(releases, release)
+	}
+
+	// Full: a caller that gives up gets an error that says why.
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	if _, waited, err := g.acquire(ctx, bg, strategy.SRT); err == nil || !waited || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a start beyond the slots: waited %v, %v; want the caller's deadline", waited, err)
+	}
+	// The supervisor stopping ends the wait too.
+	stop, stopNow := context.WithCancel(bg)
+	stopNow()
+	if _, _, err := g.acquire(bg, stop, strategy.SRT); errdefs.CodeOf(err) != errdefs.CodeOf(errdefs.Unavailable("x")) {
+		t.Fatalf("a start while the supervisor stops: %v, want unavailable", err)
+	}
+	// Another strategy has slots of its own.
+	if release, waited, err := g.acquire(bg, bg, strategy.Host); err != nil || waited {
+		t.Fatalf("a host start while srt's slots are taken: waited %v, %v", waited, err)
+	} else {
+		release()
+	}
+
+	// A slot given back lets one waiting start in.
+	got := make(chan error, 1)
+	go func() {
+		release, waited, err := g.acquire(bg, bg, strategy.SRT)
+		if err == nil {
+			release()
+			if !waited {
+				err = errors.New("it did not wait")
+			}
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("a start got in while every slot was taken: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	releases[0]()
+	if err := <-got; err != nil {
+		t.Fatalf("the waiting start: %v", err)
+	}
+	for _, release := range releases[1:] {
+		release()
+	}
+	if len(g.slots[strategy.SRT]) != 0 {
+		t.Errorf("%d slots still taken after every start released its own", len(g.slots[strategy.SRT]))
+	}
+}
