@@ -46,7 +46,7 @@ func TestSpawnInCgroup(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			logs := &recordHook{}
 			s.cg, s.log = c, debugLog(logs)
-			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil)
+			l, err := s.spawnInCgroup("/", [3]*os.File{devnull, devnull, devnull}, nil, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +81,7 @@ func TestStartInCgroupForksTheCommand(t *testing.T) {
 	stdio := [3]*os.File{devnull, devnull, devnull}
 
 	env := []string{"PATH=/usr/bin:/bin", "ONLY=this"}
-	l, execErr, err := s.startInCgroup([]string{"sleep", "60"}, "/", env, stdio, nil, nil)
+	l, execErr, err := s.startInCgroup([]string{"sleep", "60"}, "/", env, stdio, nil, nil, nil)
 	if err != nil || execErr != "" {
 		t.Fatalf("startInCgroup = %v, exec error %q", err, execErr)
 	}
@@ -174,12 +174,15 @@ func readText(t *testing.T, path string) string {
 	return string(data)
 }
 
-// With premount (Spawn's, for a VM share's virtiofsd), the child starts in
-// a mount namespace of its own in which premount mounted, and the host sees
-// none of it; a premount that fails starts nothing.
-func TestForkPremount(t *testing.T) {
+// With premount, the command starts in a mount namespace of its own in
+// which premount mounted, and the host sees none of it; a premount that
+// fails starts nothing, not even through init.
+func TestStartInCgroupPremount(t *testing.T) {
 	testutil.RequiresRoot(t)
+	cg, _ := sessionCgroup(t, "agentconnect-test-premount-")
+	logs := &recordHook{}
 	s := reapingService(t)
+	s.cg, s.log = cg, debugLog(logs)
 	devnull := devNull(t)
 	dir := t.TempDir()
 	out, err := os.Create(filepath.Join(dir, "mountinfo"))
@@ -191,27 +194,30 @@ func TestForkPremount(t *testing.T) {
 	if err := os.Mkdir(target, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	attr := func(stdout *os.File) *os.ProcAttr {
-		return &os.ProcAttr{Env: []string{"PATH=/usr/bin:/bin"}, Files: []*os.File{devnull, stdout, devnull}}
-	}
+	env := []string{"PATH=/usr/bin:/bin"}
 	premount := func() error { return unix.Mount("tmpfs", target, "tmpfs", 0, "size=1m") }
-	_, exited, _, err := s.fork("/bin/cat", []string{"cat", "/proc/self/mountinfo"}, attr(out), false, premount)
-	if err != nil {
-		t.Fatalf("fork with premount: %v", err)
+	l, execErr, err := s.startInCgroup([]string{"cat", "/proc/self/mountinfo"}, "/", env, [3]*os.File{devnull, out, devnull}, nil, nil, premount)
+	if err != nil || execErr != "" {
+		t.Fatalf("startInCgroup with premount = %v, exec error %q", err, execErr)
 	}
-	if ws := <-exited; ws.ExitStatus() != 0 {
-		t.Fatalf("cat exited %d", ws.ExitStatus())
-	}
+	<-l.Exited
 	if !strings.Contains(readText(t, out.Name()), " "+target+" ") {
-		t.Errorf("the child's mounts lack the premount's tmpfs at %s", target)
+		t.Errorf("the command's mounts lack the premount's tmpfs at %s", target)
 	}
 	if strings.Contains(readText(t, "/proc/self/mountinfo"), " "+target+" ") {
 		t.Errorf("the premount's tmpfs at %s reached the host's namespace", target)
 	}
 
 	refused := errors.New("a protected name changed")
-	pid, _, _, err := s.fork("/bin/sleep", []string{"sleep", "60"}, attr(devnull), false, func() error { return refused })
-	if !errors.Is(err, refused) || pid != 0 {
-		t.Fatalf("fork with a failing premount = pid %d, %v; want no child and its error", pid, err)
+	_, _, err = s.startInCgroup([]string{"sleep", "60"}, "/", env, [3]*os.File{devnull, devnull, devnull}, nil, nil, func() error { return refused })
+	var pe *PremountError
+	if !errors.As(err, &pe) || !errors.Is(err, refused) {
+		t.Fatalf("startInCgroup with a failing premount = %v, want a PremountError wrapping it", err)
+	}
+	if len(logs.entries) > 0 {
+		t.Errorf("a failed premount went on through init: %v", logs.entries)
+	}
+	if procs := strings.Fields(readText(t, filepath.Join(cg.Dirs[0], "cgroup.procs"))); len(procs) != 0 {
+		t.Errorf("the session's cgroup holds %v after a failed premount", procs)
 	}
 }

@@ -77,7 +77,7 @@ func (s *service) spawn(path string, argv []string, attr *os.ProcAttr) (int, <-c
 // started comes with its pid even when err is set (the thread could not
 // leave the cgroup): the caller kills it. With premount, the forking thread
 // gets a mount namespace of its own (protect.NewMountNS), premount mounts
-// in it, and the child is born there.
+// in it, and the child is born there; its error is a *PremountError.
 func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup bool, premount func() error) (pid int, exited <-chan syscall.WaitStatus, inside bool, err error) {
 	if attr.Sys == nil {
 		attr.Sys = &syscall.SysProcAttr{}
@@ -112,11 +112,11 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 		var res result
 		if premount != nil {
 			if err := protect.NewMountNS(); err != nil {
-				started <- result{err: fmt.Errorf("the boundary's mounts: %w", err)}
+				started <- result{err: &PremountError{err}}
 				return
 			}
 			if err := premount(); err != nil {
-				started <- result{err: fmt.Errorf("the boundary's mounts: %w", err)}
+				started <- result{err: &PremountError{err}}
 				return
 			}
 		}
@@ -155,6 +155,12 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 	res := <-started
 	return res.pid, exitStatus, res.inside, res.err
 }
+
+// PremountError is why a start's mount namespace could not be made.
+type PremountError struct{ Err error }
+
+func (e *PremountError) Error() string { return "the boundary's mounts: " + e.Err.Error() }
+func (e *PremountError) Unwrap() error { return e.Err }
 
 // helperTimeout bounds a helper command of the shim's (mke2fs).
 const helperTimeout = time.Minute
@@ -227,8 +233,9 @@ type Launcher struct {
 // spawnInCgroup starts init in its own process group with stdio and extra
 // files (at ExtraFD and up) and places it in the session's cgroup; it execs
 // what Exec gives it. With cred, the launcher (init, then what it execs)
-// runs as that account.
-func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {
+// runs as that account; with premount, in a mount namespace of its own
+// (see fork).
+func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential, premount func() error) (*Launcher, error) {
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -243,7 +250,7 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 	attr := &os.ProcAttr{Dir: dir, Env: []string{}, Files: files,
 		// The session's own process group: kill(-pid) reaches its children.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-	pid, exited, inside, err := s.fork("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr, true, nil)
+	pid, exited, inside, err := s.fork("/proc/self/exe", []string{"agentconnect-shim", "init"}, attr, true, premount)
 	syncR.Close()
 	errW.Close()
 	l := &Launcher{PID: pid, Exited: exited, syncW: syncW, errR: errR}
@@ -270,13 +277,18 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 // env's PATH, or whose direct start fails (it cannot run, the directory is
 // missing), goes through init after all, which reports the exec error the
 // way a late-bound start does. The launcher it returns has run its Exec.
-func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, string, error) {
+// premount is fork's.
+func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential, premount func() error) (*Launcher, string, error) {
 	if path, err := execmsg.LookPath(argv[0], env); err == nil {
 		// fds 3 and 4 closed, as init's are once it execs.
 		files := append([]*os.File{stdio[0], stdio[1], stdio[2], nil, nil}, extra...)
 		attr := &os.ProcAttr{Dir: dir, Env: env, Files: files,
 			Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}}
-		pid, exited, inside, err := s.fork(path, argv, attr, true, nil)
+		pid, exited, inside, err := s.fork(path, argv, attr, true, premount)
+		var pe *PremountError
+		if errors.As(err, &pe) {
+			return nil, "", err // init would fail the same way
+		}
 		if err == nil && !inside {
 			err = s.cg.Add(pid)
 		}
@@ -290,7 +302,7 @@ func (s *service) startInCgroup(argv []string, dir string, env []string, stdio [
 		}
 		s.log.WithError(err).Debug("start the runtime through init, which reports why it cannot")
 	}
-	l, err := s.spawnInCgroup(dir, stdio, extra, cred)
+	l, err := s.spawnInCgroup(dir, stdio, extra, cred, premount)
 	if err != nil {
 		return nil, "", err
 	}

@@ -129,14 +129,16 @@ func (h *Host) RunHelper(name string, args ...string) ([]byte, error) {
 // for Launcher.Exec. Every process of a run starts this way, so none runs
 // outside the cgroup.
 func (h *Host) SpawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (*Launcher, error) {
-	return h.s.spawnInCgroup(dir, stdio, extra, cred)
+	return h.s.spawnInCgroup(dir, stdio, extra, cred, nil)
 }
 
 // StartInCgroup starts argv with env where SpawnInCgroup would, for a start
 // that knows its command when it forks: the launcher it returns has run
 // its Exec, and execErr is init's exec error if any (see startInCgroup).
-func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential) (l *Launcher, execErr string, err error) {
-	return h.s.startInCgroup(argv, dir, env, stdio, extra, cred)
+// With premount, argv starts in a mount namespace of its own, in which
+// premount has mounted (a boundary's protected names); nil for none.
+func (h *Host) StartInCgroup(argv []string, dir string, env []string, stdio [3]*os.File, extra []*os.File, cred *syscall.Credential, premount func() error) (l *Launcher, execErr string, err error) {
+	return h.s.startInCgroup(argv, dir, env, stdio, extra, cred, premount)
 }
 
 // KillCgroup kills every process in the session's cgroup, when it has one.

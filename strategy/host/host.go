@@ -66,6 +66,9 @@ type Launch struct {
 	Env    []string
 	Stderr *os.File
 	Extra  []*os.File
+	// Premount, if set, mounts in the launcher's own mount namespace
+	// before it starts (see shim.Host.StartInCgroup).
+	Premount func() error
 	// Close is called once the launcher holds its copies of the files.
 	Close func()
 }
@@ -152,9 +155,9 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 	case p.b != nil:
 		// The boundary's launcher (bwrap) is known now: it starts at
 		// once, and the runtime waits in it for the session.
-		l, p.execErr, err = h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra, cred)
+		l, p.execErr, err = h.StartInCgroup(launch.Argv, spec.Workspace, launch.Env, stdio, launch.Extra, cred, launch.Premount)
 	case now:
-		l, p.execErr, err = h.StartInCgroup(spec.Command, spec.Workspace, spec.Env, stdio, launch.Extra, cred)
+		l, p.execErr, err = h.StartInCgroup(spec.Command, spec.Workspace, spec.Env, stdio, launch.Extra, cred, nil)
 		p.bound = true
 	default:
 		l, err = h.SpawnInCgroup(spec.Workspace, stdio, launch.Extra, cred)
@@ -166,6 +169,12 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 		launch.Close()
 	}
 	closers = []*os.File{stdinW, stdoutR, stderrR}
+	var premountErr *shim.PremountError
+	if errors.As(err, &premountErr) {
+		// A protected name swapped since Prepare: the boundary's own
+		// refusal, as Verify's inside would be.
+		return nil, shim.SandboxSetupError(premountErr.Err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -225,7 +225,7 @@ func prepare(h *shim.Host, settle, restore, freshDisks bool) (_ *vmRun, retErr e
 	}
 	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU, launch)...)
 	l, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},
-		[3]*os.File{devnull, consoleW, stderrW}, extra, nil)
+		[3]*os.File{devnull, consoleW, stderrW}, extra, nil, nil)
 	devnull.Close()
 	stderrW.Close()
 	consoleW.Close()

@@ -158,7 +158,7 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 		NestedSandbox: sb.NestedSandbox, Credentials: sb.Credentials,
 		Ledger: protect.LedgerPath(sb.DaemonHome), CABundle: caFile,
 		SocketCache: filepath.Join(sb.DaemonHome, "run", "host-sockets.json"),
-	}, exe, true)
+	}, exe, true, protect.CanPremount())
 	if err != nil {
 		return host.Launch{}, err
 	}
@@ -177,11 +177,12 @@ func (r *srtRun) Prepare(h *shim.Host, stderr *os.File) (_ host.Launch, retErr e
 	// bwrap's own stderr is the setup pipe; the runtime's is fd 6. The
 	// runtime's environment comes with its command (Bind).
 	return host.Launch{
-		Argv:   append([]string{bwrap}, r.boundary.Args...),
-		Env:    []string{"PATH=" + shim.LauncherPath},
-		Stderr: r.setupW,
-		Extra:  r.childFiles,
-		Close:  r.closeChildEnds,
+		Argv:     append([]string{bwrap}, r.boundary.Args...),
+		Env:      []string{"PATH=" + shim.LauncherPath},
+		Stderr:   r.setupW,
+		Extra:    r.childFiles,
+		Premount: r.boundary.Premount,
+		Close:    r.closeChildEnds,
 	}, nil
 }
 

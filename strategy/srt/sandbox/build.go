@@ -41,9 +41,11 @@ func (b *builder) fd(f *os.File) string {
 
 // Build opens the agent's directories and returns the boundary for cfg.
 // exe is the shim binary (an O_PATH fd of /proc/self/exe), bound into the
-// sandbox to run sandbox-exec. On error nothing stays open and no
-// placeholder is left.
-func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr error) {
+// sandbox to run sandbox-exec. With premount, the protected names beneath
+// the writable roots are left to Boundary.Premount, and bwrap binds only
+// the roots (recursively, so that they come with them). On error nothing
+// stays open and no placeholder is left.
+func Build(cfg Config, exe *os.File, landlockRoots, premount bool) (_ *Boundary, retErr error) {
 	b := &builder{}
 	var plan *protect.Plan
 	defer func() {
@@ -124,7 +126,11 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 		rp := plan.Roots[next]
 		next++
 		writable = append(writable, rp.Binds[0].Target)
-		for _, bd := range rp.Binds {
+		binds := rp.Binds
+		if premount {
+			binds = binds[:1]
+		}
+		for _, bd := range binds {
 			op := "--bind-fd"
 			if bd.ReadOnly {
 				op = "--ro-bind-fd"
@@ -173,7 +179,12 @@ func Build(cfg Config, exe *os.File, landlockRoots bool) (_ *Boundary, retErr er
 			b.add("--writable", w)
 		}
 	}
-	return &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}, nil
+	bd := &Boundary{Args: b.args, Files: b.files, Checks: checks, plan: plan}
+	if premount {
+		roots := plan.Roots
+		bd.Premount = func() error { return protect.Premount(roots) }
+	}
+	return bd, nil
 }
 
 func dup(f *os.File) *os.File {

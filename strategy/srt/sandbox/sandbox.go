@@ -102,7 +102,11 @@ type Boundary struct {
 	Args   []string
 	Files  []*os.File
 	Checks *os.File
-	plan   *protect.Plan
+	// Premount, when Build was asked to leave the protected names to it,
+	// binds them in the mount namespace bwrap is started in (see
+	// protect.Premount); nil when bwrap binds them.
+	Premount func() error
+	plan     *protect.Plan
 }
 
 // Close releases the fds. The caller closes them once bwrap has started (it
