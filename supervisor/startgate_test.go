@@ -3,12 +3,15 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
+	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 )
 
 // TestStartGate: a strategy's starts beyond its slots wait until one ends,
@@ -72,5 +75,36 @@ func TestStartGate(t *testing.T) {
 	}
 	if len(g.slots[strategy.SRT]) != 0 {
 		t.Errorf("%d slots still taken after every start released its own", len(g.slots[strategy.SRT]))
+	}
+}
+
+// TestStartGivenUpWhileWaitingLeavesNothing: a start whose caller gives up
+// while every slot of its strategy is taken answers with an error that
+// names the wait, and leaves no session, no session directory and no
+// count that would keep its agent from being removed.
+func TestStartGivenUpWhileWaitingLeavesNothing(t *testing.T) {
+	s := newTestSupervisor(t, "", nil)
+	if _, err := s.createAgent(context.Background(), agent.Agent{Name: "x", Command: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	for range startsPerCPU * runtime.NumCPU() {
+		release, _, err := s.gate.acquire(bg, bg, strategy.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+	}
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	defer cancel()
+	_, err := s.startSession(ctx, "x", nil)
+	if err == nil || !strings.Contains(err.Error(), "waiting for one of the") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("startSession with every slot taken = %v, want the wait's error", err)
+	}
+	if entries, _ := os.ReadDir(s.layout.SessionsDir()); len(entries) != 0 {
+		t.Errorf("the start given up left %d entries in sessions/", len(entries))
+	}
+	if err := s.deleteAgent("x"); err != nil {
+		t.Errorf("remove the agent after the start gave up: %v", err)
 	}
 }
