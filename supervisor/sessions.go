@@ -467,6 +467,8 @@ func (s *Supervisor) runWarm(ss *sessionState, w *warmShim, private runSecrets, 
 func (s *Supervisor) startRun(wait context.Context, ss *sessionState, rec *session.Record, private runSecrets, st *steps.Steps) error {
 	release, waited, err := s.gate.acquire(wait, s.ctx, rec.Strategy)
 	if err != nil {
+		// Its caller is gone: the log is where this is seen.
+		s.log.WithFields(logrus.Fields{"session": rec.ID, "agent": rec.Agent}).WithError(err).Warn("start not made")
 		return err
 	}
 	defer release()
