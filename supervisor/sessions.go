@@ -350,10 +350,11 @@ func (s *Supervisor) startSession(ctx context.Context, agentName string, command
 }
 
 // createAndRun creates a session of the agent called agentName and runs it;
-// a cold start waits for a start slot (startGate) while ctx lasts. From the moment the agent is read until the session is registered, the
-// start is counted in s.starting, so that the agent cannot be removed in
-// between (deleteAgent refuses while a start is counted): there is never a
-// session of a removed agent, nor a run in a removed agent directory.
+// a cold start waits for a start slot (startGate) while ctx lasts. From the
+// moment the agent is read until the session is registered, the start is
+// counted in s.starting, so that the agent cannot be removed in between
+// (deleteAgent refuses while a start is counted): there is never a session
+// of a removed agent, nor a run in a removed agent directory.
 func (s *Supervisor) createAndRun(ctx context.Context, agentName string, command []string) (view, error) {
 	s.mu.Lock()
 	a, err := s.agentByNameLocked(agentName)

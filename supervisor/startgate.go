@@ -34,9 +34,10 @@ func newStartGate() *startGate {
 	return g
 }
 
-// acquire waits for one of the strategy name's slots, until caller (the start's
-// caller gave up) or stop (the supervisor stops) ends; release gives the
-// slot back. A name without slots (none known) never waits. waited says whether a slot was not free at once.
+// acquire waits for one of the strategy name's slots, until caller (the
+// start's caller gave up) or stop (the supervisor stops) ends; release gives
+// the slot back, and waited says whether no slot was free at once. A name
+// without slots (none known) never waits.
 func (g *startGate) acquire(caller, stop context.Context, name strategy.Name) (release func(), waited bool, err error) {
 	slots := g.slots[name]
 	if slots == nil {

@@ -20,7 +20,10 @@ import (
 func TestStartGate(t *testing.T) {
 	g := newStartGate()
 	bg := context.Background()
-	n := startsPerCPU * runtime.NumCPU()
+	n := cap(g.slots[strategy.SRT])
+	if n != startsPerCPU*runtime.NumCPU() {
+		t.Fatalf("srt has %d start slots, want %d per CPU", n, startsPerCPU)
+	}
 	var releases []func()
 	for i := 0; i < n; i++ {
 		release, waited, err := g.acquire(bg, bg, strategy.SRT)
@@ -88,7 +91,7 @@ func TestStartGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	bg := context.Background()
-	for range startsPerCPU * runtime.NumCPU() {
+	for range cap(s.gate.slots[strategy.Host]) {
 		release, _, err := s.gate.acquire(bg, bg, strategy.Host)
 		if err != nil {
 			t.Fatal(err)
