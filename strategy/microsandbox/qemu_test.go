@@ -1,6 +1,7 @@
 package microsandbox
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,4 +76,28 @@ func TestCheckKernelBoots(t *testing.T) {
 		t.Errorf("checkKernelBoots with a broken kernel: %q; want QEMU's own error", r)
 	}
 	testutil.Documented(t, operationsGuide, r)
+}
+
+// TestKernelStubLoads: QEMU builds a session's machine with a restore's
+// stand-in kernel (the image kernel's boot header) as it does with the
+// kernel itself.
+func TestKernelStubLoads(t *testing.T) {
+	qemu, img := testImage(t)
+	vm := microvm.Config{VM: session.VM{CPUs: 1, MemoryMiB: 256, Accelerator: "tcg", Transport: "serial", Kernel: img.Kernel, Initrd: img.Initrd}}
+	stub, err := kernelStub(vm)
+	if err != nil || stub == nil {
+		t.Fatalf("the image's kernel: stub %v, %v; want one", stub, err)
+	}
+	defer stub.Close()
+	fi, err := stub.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kernel, _ := os.Stat(img.Kernel); fi.Size() >= kernel.Size()/100 {
+		t.Errorf("the stub holds %d bytes of a %d-byte kernel: more than its header", fi.Size(), kernel.Size())
+	}
+	vm.Kernel = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), stub.Fd())
+	if r := checkQEMUStarts(qemu, vm); r != "" {
+		t.Errorf("QEMU with the stub as its kernel: %s", r)
+	}
 }

@@ -143,8 +143,15 @@ func prepare(h *shim.Host, settle, restore, freshDisks bool) (_ *vmRun, retErr e
 			return nil, shim.SandboxSetupError(err)
 		}
 	}
+	var kernel *os.File // a restore's stand-in (microvm.Config.KernelStub)
 	if snap != nil {
 		defer snap.Close()
+		if kernel, err = kernelStub(vm.cfg); err != nil {
+			return nil, shim.SandboxSetupError(err)
+		}
+		if kernel != nil {
+			defer kernel.Close()
+		}
 	}
 	// The disks are formatted (two mke2fs runs, ~20 ms each) and a
 	// snapshot's RAM copied while the network and the shares' daemons
@@ -222,6 +229,9 @@ func prepare(h *shim.Host, settle, restore, freshDisks bool) (_ *vmRun, retErr e
 	var extra []*os.File
 	if vm.ram != nil {
 		launch.RAMFD, launch.Incoming, extra = shim.ExtraFD, snap != nil, []*os.File{vm.ram}
+		if kernel != nil {
+			launch.KernelFD, extra = shim.ExtraFD+1, append(extra, kernel)
+		}
 	}
 	argv := append([]string{vm.tools.Bwrap}, vm.cfg.ConfinedArgs(vm.tools.QEMU, launch)...)
 	l, execErr, err := h.StartInCgroup(argv, vm.cfg.Dir, []string{"PATH=" + shim.LauncherPath},

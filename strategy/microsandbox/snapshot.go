@@ -58,6 +58,25 @@ func newRAM(memoryMiB int) (*os.File, error) {
 	return f, nil
 }
 
+// kernelStub is c's microvm.Config.KernelStub in a memfd, for QEMU
+// (microvm.Launch.KernelFD), or nil when c's kernel has none.
+func kernelStub(c microvm.Config) (*os.File, error) {
+	stub, err := c.KernelStub()
+	if err != nil || stub == nil {
+		return nil, err
+	}
+	fd, err := unix.MemfdCreate("agentconnect-vm-kernel", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("the restored VM's kernel header: memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "agentconnect-vm-kernel")
+	if _, err := f.Write(stub); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("the restored VM's kernel header: %w", err)
+	}
+	return f, nil
+}
+
 // monitor is the shim's QMP connection to QEMU.
 type monitor struct {
 	mon *qmp.SocketMonitor

@@ -70,6 +70,9 @@ type Launch struct {
 	// Incoming: QEMU waits for the device state of a snapshot on its
 	// monitor (migrate-incoming) instead of booting.
 	Incoming bool
+	// KernelFD is QEMU's descriptor of the kernel it loads instead of
+	// Config.Kernel (0: that one): a restore's KernelStub.
+	KernelFD int
 }
 
 // QEMUArgs is the QEMU command line for c, after the binary's name.
@@ -78,8 +81,12 @@ func (c Config) QEMUArgs(l Launch) []string {
 	// algorithms (test vectors, not a boundary) took ~0.6 s of a 2.4 s TCG
 	// boot to /init.
 	cmdline := "console=ttyS0 quiet panic=-1 cryptomgr.notests agentconnect.transport=" + c.Transport
+	kernel := c.Kernel
+	if l.KernelFD > 0 {
+		kernel = "/proc/self/fd/" + strconv.Itoa(l.KernelFD)
+	}
 	args := append(c.MachineArgs(l),
-		"-kernel", c.Kernel, "-initrd", c.Initrd,
+		"-kernel", kernel, "-initrd", c.Initrd,
 		// The serial console goes to QEMU's stdout, which the shim copies
 		// to console.log, bounded: the guest writes to it at will.
 		"-serial", "file:/dev/stdout",

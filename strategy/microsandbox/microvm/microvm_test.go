@@ -1,8 +1,10 @@
 package microvm
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -116,5 +118,53 @@ func TestSnapshotLayout(t *testing.T) {
 	if !strings.Contains(line, "vhost-user-fs-pci,chardev=fs1,tag=home") || strings.Contains(line, "-qmp") ||
 		!strings.Contains(line, "memory-backend-memfd") {
 		t.Errorf("the vsock VM's QEMU line: %s", line)
+	}
+}
+
+// TestKernelStub: a restore's stand-in kernel is the kernel's boot header
+// (its real-mode sectors, setup_sects 0 meaning 4) and a page of zeros;
+// a file that is no bzImage has none, and QEMU loads the stub by its
+// descriptor.
+func TestKernelStub(t *testing.T) {
+	dir := t.TempDir()
+	bzImage := func(sects byte) string {
+		data := make([]byte, 20000)
+		for i := range data {
+			data[i] = byte(i%251) + 1
+		}
+		data[0x1f1] = sects
+		copy(data[0x202:], "HdrS")
+		path := filepath.Join(dir, "vmlinuz"+strconv.Itoa(int(sects)))
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for sects, header := range map[byte]int{3: 2048, 0: 2560} {
+		kernel := bzImage(sects)
+		stub, err := Config{VM: session.VM{Kernel: kernel}}.KernelStub()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := os.ReadFile(kernel)
+		if len(stub) != header+4096 || !bytes.Equal(stub[:header], data[:header]) || bytes.Count(stub[header:], []byte{0}) != len(stub)-header {
+			t.Errorf("setup_sects %d: a stub of %d bytes, want the first %d of the kernel and 4096 zeros", sects, len(stub), header)
+		}
+	}
+	elf := filepath.Join(dir, "vmlinux")
+	os.WriteFile(elf, append([]byte("\x7fELF"), make([]byte, 4096)...), 0o644)
+	if stub, err := (Config{VM: session.VM{Kernel: elf}}).KernelStub(); err != nil || stub != nil {
+		t.Errorf("a kernel that is no bzImage: stub of %d bytes, %v; want none", len(stub), err)
+	}
+	if _, err := (Config{VM: session.VM{Kernel: filepath.Join(dir, "absent")}}).KernelStub(); err == nil {
+		t.Error("a kernel that does not exist: no error")
+	}
+
+	c := Config{VM: session.VM{Kernel: "/img/vmlinuz", CPUs: 1, MemoryMiB: 512, Accelerator: "tcg", Transport: "serial"}}
+	if got := strings.Join(c.QEMUArgs(Launch{RAMFD: 5, Incoming: true, KernelFD: 6}), " "); !strings.Contains(got, "-kernel /proc/self/fd/6 ") {
+		t.Errorf("a restore with a stub: %s", got)
+	}
+	if got := strings.Join(c.QEMUArgs(Launch{RAMFD: 5}), " "); !strings.Contains(got, "-kernel /img/vmlinuz ") {
+		t.Errorf("a boot: %s", got)
 	}
 }
