@@ -302,6 +302,13 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 	if err := step("take the host's randomness and time", freshIdentity(plan.entropy, plan.now)); err != nil {
 		return err
 	}
+	// The NIC's configuration touches nothing of the disks: it goes on
+	// while the guest waits for them.
+	var network chan error
+	if n := plan.network; n != nil {
+		network = make(chan error, 1)
+		go func() { network <- configureNetwork(*n) }()
+	}
 	disks, err := findDisks(paths, []string{plan.root, plan.upper, plan.docker}, deviceWait)
 	if err := step("find disks", err); err != nil {
 		return err
@@ -352,7 +359,7 @@ func runSetup(paths setupPaths, plan setupPlan, logf func(string, ...any)) error
 		}
 	}
 	if n := plan.network; n != nil {
-		if err := step("configure "+netDevice, configureNetwork(*n)); err != nil {
+		if err := step("configure "+netDevice, <-network); err != nil {
 			return err
 		}
 		files := map[string]string{"/etc/resolv.conf": "nameserver " + n.gateway.String() + "\n"}
