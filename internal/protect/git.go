@@ -21,12 +21,24 @@ const (
 	skipScanning = "node_modules"
 )
 
+// boundReadOnly is every protected name, relative to a root: a repository
+// beneath one is read-only with it, whoever made it, so the scans of a
+// protected root do not look there (most are empty placeholders).
+var boundReadOnly = func() map[string]bool {
+	m := map[string]bool{}
+	for _, name := range append(protectedFiles[:len(protectedFiles):len(protectedFiles)], protectedDirs...) {
+		m[name] = true
+	}
+	return m
+}()
+
 // findGitDirs finds the git directories of r, as paths relative to it:
 // r/.git and those of repositories nested a few levels down, submodules'
 // (.git/modules/...), worktrees' (.git/worktrees/...), and those a .git file
-// points to, when they are inside r. It reads r through its fd, so that it
-// scans the directory the boundary binds. A .git that is a symlink is
-// refused: git follows it, and the symlink could be pointed anywhere.
+// points to, when they are inside r, but none beneath a protected name. It
+// reads r through its fd, so that it scans the directory the boundary
+// binds. A .git that is a symlink is refused: git follows it, and the
+// symlink could be pointed anywhere.
 func findGitDirs(r Root) ([]string, error) {
 	base := procPath(r.Dir)
 	var found []string
@@ -75,8 +87,9 @@ func findGitDirs(r Root) ([]string, error) {
 			return nil // unreadable: nothing of it to protect
 		}
 		for _, e := range entries {
-			if e.IsDir() && e.Name() != ".git" && e.Name() != skipScanning {
-				if err := walk(filepath.Join(rel, e.Name()), depth+1); err != nil {
+			sub := filepath.Join(rel, e.Name())
+			if e.IsDir() && e.Name() != ".git" && e.Name() != skipScanning && !boundReadOnly[sub] {
+				if err := walk(sub, depth+1); err != nil {
 					return err
 				}
 			}

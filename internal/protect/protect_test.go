@@ -339,6 +339,24 @@ func TestFindGitDirsFollowsGitFiles(t *testing.T) {
 	}
 }
 
+// TestFindGitDirsSkipsProtectedNames: a repository beneath a protected name
+// (read-only with it) is not looked for; one beneath .claude, which is only
+// the parent of protected names, is.
+func TestFindGitDirsSkipsProtectedNames(t *testing.T) {
+	ws := t.TempDir()
+	for _, dir := range []string{".vscode/x", ".claude/agents/y", ".claude/z", ".bashrc/w"} {
+		os.MkdirAll(filepath.Join(ws, dir), 0o755)
+		git(t, filepath.Join(ws, dir), "init", "-q")
+	}
+	got, err := findGitDirs(Root{Host: ws, Dir: openDir(t, ws)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != ".claude/z/.git" {
+		t.Errorf("found %q, want only .claude/z/.git", got)
+	}
+}
+
 func TestLedgerKeepsPlaceholdersWhileAnotherRunLives(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sandboxes.json")
 	ws := t.TempDir()
