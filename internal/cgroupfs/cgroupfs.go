@@ -87,29 +87,31 @@ func (c Cgroup) Kill(timeout time.Duration) error {
 		if len(pids) == 0 {
 			return nil
 		}
-		if err := c.killListed(pids); err != nil {
+		killed, err := c.killListed(pids)
+		if err != nil {
 			return err
 		}
 		if time.Now().After(deadline) {
+			closeAll(killed)
 			return fmt.Errorf("cgroup %s still has %d processes after %v", c.Dirs[0], len(pids), timeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		// A process leaves the cgroup as it exits: the next round comes
+		// once those killed have exited (5 ms at most), not after a fixed
+		// sleep, which was most of a session's exit.
+		awaitExit(killed, 5*time.Millisecond)
+		closeAll(killed)
 	}
 }
 
-// killListed kills the processes of pids that are still in the cgroup. A
+// killListed kills the processes of pids that are still in the cgroup, and
+// returns the pidfds of those it signalled, for the caller to close. A
 // pid read from cgroup.procs may have ended and been reused outside the
 // cgroup since, so each is opened as a pidfd first and signalled through it
 // only if the cgroup still lists it after: a pidfd that outlived its
 // process signals nothing, and one opened on a reused pid outside the
 // cgroup is not listed.
-func (c Cgroup) killListed(pids []int) error {
+func (c Cgroup) killListed(pids []int) ([]int, error) {
 	fds := map[int]int{}
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
 	for _, pid := range pids {
 		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 			fds[pid] = fd
@@ -117,14 +119,58 @@ func (c Cgroup) killListed(pids []int) error {
 	}
 	still, err := c.Procs()
 	if err != nil {
-		return err
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, err
 	}
+	var killed []int
 	for _, pid := range still {
 		if fd, ok := fds[pid]; ok {
 			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			killed = append(killed, fd)
+			delete(fds, pid)
 		}
 	}
-	return nil
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return killed, nil
+}
+
+// awaitExit waits until every process of the pidfds has exited (a pidfd
+// polls readable then), at most d.
+func awaitExit(pidfds []int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	polls := make([]unix.PollFd, 0, len(pidfds))
+	for _, fd := range pidfds {
+		polls = append(polls, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+	for len(polls) > 0 {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		ts := unix.NsecToTimespec(left.Nanoseconds())
+		if n, err := unix.Ppoll(polls, &ts, nil); err != nil && err != unix.EINTR {
+			return
+		} else if n <= 0 {
+			continue
+		}
+		waiting := polls[:0]
+		for _, p := range polls {
+			if p.Revents == 0 {
+				waiting = append(waiting, p)
+			}
+		}
+		polls = waiting
+	}
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // Remove deletes the cgroup's directories, children first. It fails while
