@@ -19,9 +19,10 @@ all: build
 deps:
 	@./scripts/deps.sh
 
+# The guest agent is stripped (-s -w): its file is in every VM's RAM, the initramfs.
 build:
 	go build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/agentconnect ./cmd/agentconnect-shim ./cmd/agentconnect-shim-vm ./cmd/agentconnect-vmimage ./cmd/agentconnect-inject
-	go build -ldflags '$(LDFLAGS)' -o bin/agentconnect-vmagent ./cmd/agentconnect-vmagent
+	go build -ldflags '-s -w $(LDFLAGS)' -o bin/agentconnect-vmagent ./cmd/agentconnect-vmagent
 
 # The default microsandbox guest image (kernel, initramfs with the vmagent,
 # Debian root with git and Node.js), into bin/image; quick when up to date.
