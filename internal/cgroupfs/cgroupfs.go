@@ -139,8 +139,14 @@ func (c Cgroup) killListed(pids []int) ([]int, error) {
 }
 
 // awaitExit waits until every process of the pidfds has exited (a pidfd
-// polls readable then), at most d.
+// polls readable then), at most d. With none (what was listed had exited
+// already, or could not be opened), it waits a millisecond: the caller
+// looks again, and must not spin.
 func awaitExit(pidfds []int, d time.Duration) {
+	if len(pidfds) == 0 {
+		time.Sleep(min(d, time.Millisecond))
+		return
+	}
 	deadline := time.Now().Add(d)
 	polls := make([]unix.PollFd, 0, len(pidfds))
 	for _, fd := range pidfds {
