@@ -115,12 +115,10 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 		var res result
 		var dir *os.File
 		var leave func() error
+		var cgErr error // why the child will not be born in the cgroup
 		if inCgroup && len(s.cg.Dirs) > 0 {
-			var err error
-			if dir, err = s.cg.OpenV2(); err != nil {
-				if leave, err = s.cg.EnterThread(); err != nil {
-					s.log.WithError(err).Debug("start the runtime outside its cgroup and move it in")
-				}
+			if dir, cgErr = s.cg.OpenV2(); cgErr != nil {
+				leave, cgErr = s.cg.EnterThread()
 			}
 		}
 		if premount != nil {
@@ -146,10 +144,10 @@ func (s *service) fork(path string, argv []string, attr *os.ProcAttr, inCgroup b
 			into.Sys = &sys
 			res = start(&into)
 			dir.Close()
-			res.inside = res.err == nil
-			if res.err != nil {
-				s.log.WithError(res.err).Debug("start the runtime outside its cgroup and move it in")
-			}
+			res.inside, cgErr = res.err == nil, res.err
+		}
+		if cgErr != nil {
+			s.log.WithError(cgErr).Debug("start the runtime outside its cgroup and move it in")
 		}
 		if !res.inside {
 			res = start(attr)

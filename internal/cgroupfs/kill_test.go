@@ -1,33 +1,17 @@
 package cgroupfs_test
 
 import (
-	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/agentconnect-md/agentconnect/api/session"
-	"github.com/agentconnect-md/agentconnect/internal/testutil"
-	"github.com/agentconnect-md/agentconnect/supervisor/limits"
 )
 
 // TestKill: Kill empties a cgroup whose processes fork while they are
 // killed, and the ones that are not the caller's children (a shell's
 // grandchildren) go too.
 func TestKill(t *testing.T) {
-	testutil.RequiresRoot(t)
-	m, sup := limits.Setup("agentconnect-test-kill-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
-	defer m.Close()
-	cg, err := m.Create("s1", session.Limits{Pids: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Remove()
+	cg, _ := sessionCgroup(t, "agentconnect-test-kill-", 256)
 	// A shell that keeps forking sleeps in the background, bounded.
 	cmd := exec.Command("/bin/sh", "-c", `sleep 60 & sleep 60 & i=0; while [ $i -lt 2000 ]; do sleep 60 & i=$((i+1)); done; wait`)
 	if err := cmd.Start(); err != nil {
@@ -51,7 +35,7 @@ func TestKill(t *testing.T) {
 	if pids, err := cg.Procs(); err != nil || len(pids) != 0 {
 		t.Fatalf("after Kill the cgroup lists %v (%v)", pids, err)
 	}
-	err = <-done
+	err := <-done
 	if ee, ok := err.(*exec.ExitError); !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Errorf("the shell ended with %v, want SIGKILL", err)
 	}

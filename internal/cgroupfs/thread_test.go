@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
+	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
 	"github.com/agentconnect-md/agentconnect/internal/testutil"
 	"github.com/agentconnect-md/agentconnect/supervisor/limits"
 )
@@ -19,17 +20,7 @@ import (
 // A thread that enters a session's cgroup forks a process born in it, and
 // is back where it was after: the process's cgroup never lists the caller.
 func TestEnterThread(t *testing.T) {
-	testutil.RequiresRoot(t)
-	m, sup := limits.Setup("agentconnect-test-thread-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
-	defer m.Close()
-	cg, err := m.Create("s1", session.Limits{Pids: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Remove()
+	cg, sup := sessionCgroup(t, "agentconnect-test-thread-", 32)
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -79,6 +70,25 @@ func TestEnterThread(t *testing.T) {
 	if err := cg.Remove(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sessionCgroup makes a session's cgroup with a pids limit, as the daemon
+// would, under a parent named prefix and the test's pid; it goes when the
+// test ends. Root only.
+func sessionCgroup(t *testing.T, prefix string, pids int64) (cgroupfs.Cgroup, limits.Support) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	m, sup := limits.Setup(prefix + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	t.Cleanup(m.Close)
+	cg, err := m.Create("s1", session.Limits{Pids: pids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Remove() })
+	return cg, sup
 }
 
 func readFile(t *testing.T, path string) string {
