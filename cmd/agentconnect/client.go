@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 )
 
 // dialTimeout bounds connecting to the daemon.
@@ -26,6 +27,13 @@ const dialTimeout = 2 * time.Second
 // daemon that accepts connections but does not answer cannot hang the CLI.
 // WaitSession is exempt: it waits for as long as the session runs.
 const callTimeout = 2 * time.Minute
+
+// startCallTimeout bounds StartSession and ResumeSession, whose answer
+// waits for the run's start: the daemon bounds that by the shims' own
+// StartTimeout (a VM's boot among it), so the CLI waits that long and a
+// call longer. A shorter bound let a slow VM start under load fail the CLI
+// with "context deadline exceeded" while the daemon went on starting it.
+const startCallTimeout = shimv1.StartTimeout + callTimeout
 
 // errNoDaemon is returned when nothing answers on the admin socket.
 type errNoDaemon struct {
@@ -63,12 +71,26 @@ func dial(ctx context.Context, socket string) (*client, error) {
 }
 
 func boundedCall(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
-	if _, ok := ctx.Deadline(); !ok && !strings.HasSuffix(info.FullMethod, "/WaitSession") {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, callTimeout)
-		defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		if bound := callBound(info.FullMethod); bound > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, bound)
+			defer cancel()
+		}
 	}
 	return invoke(ctx, req, resp)
+}
+
+// callBound is how long the CLI waits for a call without a deadline of its
+// own; 0: as long as it takes.
+func callBound(method string) time.Duration {
+	switch method[strings.LastIndexByte(method, '/')+1:] {
+	case "WaitSession":
+		return 0
+	case "StartSession", "ResumeSession":
+		return startCallTimeout
+	}
+	return callTimeout
 }
 
 // connect dials the daemon the global flags name.
