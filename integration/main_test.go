@@ -299,6 +299,26 @@ func (d *daemon) cleanup() {
 		}
 	}
 	d.log.Close()
+	if d.t.Failed() {
+		d.logTail()
+	}
+}
+
+// failedLogTail is how much of a failed test's daemon log the test's output
+// keeps: its home, the log with it, goes when the test ends.
+const failedLogTail = 64 << 10
+
+// logTail puts the end of the daemon's log into the test's output.
+func (d *daemon) logTail() {
+	data, err := os.ReadFile(filepath.Join(d.home, "daemon.log"))
+	if err != nil {
+		d.t.Logf("daemon log: %v", err)
+		return
+	}
+	if len(data) > failedLogTail {
+		data = data[len(data)-failedLogTail:]
+	}
+	d.t.Logf("the test failed; the daemon's log (last %d bytes):\n%s", len(data), data)
 }
 
 // eventually polls cond until it holds or the timeout passes.
