@@ -21,6 +21,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 // benchAgent is the agent every measurement uses: host strategy, a runtime
@@ -175,6 +176,9 @@ func (d *daemon) stop() string {
 		d.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-d.done:
+			if left := leftovers.DaemonCgroups(d.home); len(left) > 0 {
+				problems = append(problems, "the daemon stopped with no session left, and left its cgroup: "+leftovers.Brief(left, 4))
+			}
 		case <-time.After(10 * time.Second):
 			problems = append(problems, "the daemon did not stop within 10s of SIGTERM; killed")
 			d.cmd.Process.Kill()

@@ -308,6 +308,9 @@ func (c *chaos) tearDown(check bool) string {
 			if len(cgroups) > 0 {
 				problems = append(problems, "session cgroups left after the last session was removed: "+leftovers.Brief(cgroups, 4))
 			}
+			if left := leftovers.DaemonCgroups(c.home); len(left) > 0 {
+				problems = append(problems, "the daemon stopped with no session left, and left its cgroup: "+leftovers.Brief(left, 4))
+			}
 		}
 	}
 	if c.loop != nil {

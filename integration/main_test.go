@@ -21,6 +21,7 @@ import (
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
 	"github.com/agentconnect-md/agentconnect/internal/home"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 	"github.com/agentconnect-md/agentconnect/internal/procstat"
 	"github.com/agentconnect-md/agentconnect/internal/reaper"
 )
@@ -293,6 +294,10 @@ func (d *daemon) cleanup() {
 		go func() { d.cmd.Wait(); close(done) }()
 		select {
 		case <-done:
+			// A daemon that stops with no session left removes its cgroup.
+			if left := leftovers.DaemonCgroups(d.home); len(left) > 0 {
+				d.t.Errorf("the daemon stopped with no session left, and left its cgroup: %s", leftovers.Brief(left, 4))
+			}
 		case <-time.After(10 * time.Second):
 			d.cmd.Process.Kill()
 			<-done

@@ -1,8 +1,6 @@
 package supervisor
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -55,11 +53,4 @@ func (s *Supervisor) listen() (net.Listener, error) {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	return l, nil
-}
-
-// homeHash names this home in places shared by every daemon on the machine
-// (the cgroup tree).
-func homeHash(dir string) string {
-	sum := sha256.Sum256([]byte(dir))
-	return hex.EncodeToString(sum[:])[:12]
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -159,7 +158,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 	go func() {
 		probed <- probe.Run(s.cfg, probe.Env{ImageDir: opts.ImageDir, VMShimBinary: opts.VMShimBinary, VMImageBinary: opts.VMImageBinary, Home: opts.Home})
 	}()
-	s.cgroups, s.cgSupport = limits.Setup(filepath.Join("agentconnect", homeHash(opts.Home)))
+	s.cgroups, s.cgSupport = limits.Setup(home.Layout{Root: opts.Home}.CgroupName())
 	if !s.cgSupport.Available {
 		log.Warnf("sessions run without cgroup limits: %s", s.cgSupport.Reason)
 	}

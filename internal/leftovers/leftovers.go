@@ -202,6 +202,33 @@ func CgroupRoots(sessionCgroup string) []string {
 	return roots
 }
 
+// DaemonCgroups finds the parent cgroup of the daemon whose home is
+// homeDir (home.Layout.CgroupName) in every hierarchy that still has it,
+// at any depth the machine nests daemons (under a job's cgroup, say). A
+// daemon that stopped with no session left removes it: one found then is
+// a leftover, empty or not.
+func DaemonCgroups(homeDir string) []string {
+	name := home.Layout{Root: homeDir}.CgroupName()
+	var found []string
+	filepath.WalkDir("/sys/fs/cgroup", func(path string, e fs.DirEntry, err error) error {
+		if err != nil || !e.IsDir() {
+			return nil
+		}
+		switch {
+		case strings.HasSuffix(path, "/"+name):
+			found = append(found, path)
+			return fs.SkipDir
+		case filepath.Base(filepath.Dir(path)) == "agentconnect":
+			return fs.SkipDir // another daemon's
+		case strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") >= 6:
+			return fs.SkipDir
+		}
+		return nil
+	})
+	sort.Strings(found)
+	return found
+}
+
 // SessionCgroups lists the cgroup directories under roots named after one
 // of ids.
 func SessionCgroups(roots []string, ids map[string]bool) []string {
