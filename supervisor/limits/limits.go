@@ -10,10 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/cgroups/v3"
-	"github.com/containerd/cgroups/v3/cgroup1"
-	"github.com/containerd/cgroups/v3/cgroup2"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/cgroupfs"
@@ -35,22 +32,48 @@ type Support struct {
 // Manager creates session cgroups under one parent, named after the daemon's
 // home so that two daemons on one machine never share one.
 type Manager struct {
-	mode   cgroups.CGMode
+	mode   mode
 	parent string // below the daemon's own cgroup (v1), or a v2 group path
 	// parentDirs are the parent's directories, one per hierarchy, and
 	// levels how many of their path's last levels Setup's name made.
 	parentDirs []string
 	levels     int
-	// v1 is the hierarchy a session joins on a v1 host, and v1Parents the
-	// parent's path in each of its controllers, both found once by Setup:
-	// the library would read /proc/self/mountinfo for each controller of
-	// each session, and a session goes under the parent wherever the
-	// daemon is moved since.
-	v1        []cgroup1.Subsystem
-	v1Parents map[cgroup1.Name]string
+	// v1Parents is the parent's directory in each v1 controller a session
+	// joins, found once by Setup: a session goes under the parent wherever
+	// the daemon is moved since.
+	v1Parents map[string]string
+	// v2Root is the unified hierarchy's mount (cgroupRoot on a v2 host).
+	v2Root string
 }
 
-const unifiedMount = "/sys/fs/cgroup"
+// cgroupRoot is where the hierarchies are mounted: the unified one on a v2
+// host, each v1 controller's in a directory of its name on the others.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// mode is how the host mounts cgroups.
+type mode int
+
+const (
+	unavailable mode = iota
+	legacy           // v1 only
+	hybrid           // v1 controllers, and a v2 hierarchy without them
+	unified          // v2 only
+)
+
+// hostMode tells the host's cgroup mode from the filesystems mounted.
+func hostMode() mode {
+	var st unix.Statfs_t
+	if err := unix.Statfs(cgroupRoot, &st); err != nil {
+		return unavailable
+	}
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return unified
+	}
+	if unix.Statfs(filepath.Join(cgroupRoot, "unified"), &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return hybrid
+	}
+	return legacy
+}
 
 // Setup checks that this process can create cgroups by creating and removing
 // one, and returns a Manager when it can. On a cgroup v2 host where the
@@ -58,21 +81,21 @@ const unifiedMount = "/sys/fs/cgroup"
 // moves itself into a leaf "supervisor" child first: v2 lets a cgroup either
 // hold processes or give controllers to children, not both.
 func Setup(name string) (*Manager, Support) {
-	mode := cgroups.Mode()
-	m := &Manager{mode: mode, levels: strings.Count(filepath.Clean(name), "/") + 1}
+	mode := hostMode()
+	m := &Manager{mode: mode, levels: strings.Count(filepath.Clean(name), "/") + 1, v2Root: cgroupRoot}
 	var sup Support
 	switch mode {
-	case cgroups.Legacy:
+	case legacy:
 		sup.Mode = "v1"
-	case cgroups.Hybrid:
+	case hybrid:
 		sup.Mode = "hybrid"
-	case cgroups.Unified:
+	case unified:
 		sup.Mode = "v2"
 	default:
 		sup.Reason = "no cgroup filesystem is mounted at /sys/fs/cgroup"
 		return nil, sup
 	}
-	if mode == cgroups.Unified {
+	if mode == unified {
 		own, err := ownV2Group()
 		if err != nil {
 			sup.Reason = err.Error()
@@ -92,7 +115,7 @@ func Setup(name string) (*Manager, Support) {
 	}
 	probe := "probe-" + strconv.Itoa(os.Getpid())
 	cg, err := m.create(probe, session.Limits{Pids: 64})
-	if err != nil && mode == cgroups.Unified && errors.Is(err, errBusy) {
+	if err != nil && mode == unified && errors.Is(err, errBusy) {
 		if err = moveSelfToLeaf(filepath.Dir(m.parent)); err == nil {
 			cg, err = m.create(probe, session.Limits{Pids: 64})
 		}
@@ -171,79 +194,83 @@ func (m *Manager) Create(sessionID string, l session.Limits) (cgroupfs.Cgroup, e
 }
 
 func (m *Manager) create(name string, l session.Limits) (cgroupfs.Cgroup, error) {
-	if m.mode == cgroups.Unified {
+	if m.mode == unified {
 		return m.createV2(name, l)
 	}
 	return m.createV1(name, l)
 }
 
-// v1Controllers are the hierarchies a session joins on a v1 host: those that
-// limit it and the one that counts its cpu time.
-var v1Controllers = map[cgroup1.Name]bool{cgroup1.Pids: true, cgroup1.Memory: true, cgroup1.Cpu: true, cgroup1.Cpuacct: true}
+// v1Controllers are the v1 controllers a session joins, in the order of its
+// directories (the order containerd's cgroups library, used before, gave
+// them: a session recorded by an older daemon is found where it was): those
+// that limit it, and cpuacct, which counts its cpu time.
+var v1Controllers = []string{"pids", "cpu", "cpuacct", "memory"}
 
-// findV1 finds the v1 hierarchy and the parent's path in each of its
-// controllers: below the daemon's own cgroup there.
+// limiter says whether a v1 controller carries a limit: a host without it
+// is refused rather than run without the limit. cpuacct only counts.
+func limiter(controller string) bool { return controller != "cpuacct" }
+
+// findV1 finds the parent's directory in each v1 controller: below the
+// daemon's own cgroup there, as /proc/self/cgroup names it.
 func (m *Manager) findV1() error {
-	all, err := cgroup1.Default()
+	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return err
 	}
-	parent := cgroup1.NestedPath(m.parent)
-	m.v1Parents = map[cgroup1.Name]string{}
-	for _, s := range all {
-		if !v1Controllers[s.Name()] {
+	own := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		// "4:memory:/a/b", "1:cpu,cpuacct:/a/b"
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
 			continue
 		}
-		m.v1 = append(m.v1, s)
-		if p, err := parent(s.Name()); err == nil {
-			m.v1Parents[s.Name()] = p
+		for _, c := range strings.Split(parts[1], ",") {
+			own[c] = parts[2]
+		}
+	}
+	m.v1Parents = map[string]string{}
+	for _, c := range v1Controllers {
+		mount := filepath.Join(cgroupRoot, c)
+		if _, err := os.Lstat(mount); err != nil {
+			continue
+		}
+		if p, ok := own[c]; ok {
+			m.v1Parents[c] = filepath.Join(mount, p, m.parent)
 		}
 	}
 	return nil
 }
 
-// v1Path is where the cgroup name goes in each controller of the v1
-// hierarchy: under the parent.
-func (m *Manager) v1Path(name string) cgroup1.Path {
-	return func(n cgroup1.Name) (string, error) {
-		p, ok := m.v1Parents[n]
-		if !ok {
-			return "", cgroup1.ErrControllerNotActive
-		}
-		return filepath.Join(p, name), nil
-	}
-}
-
-type pather interface{ Path(string) string }
-
-func (m *Manager) createV1(name string, l session.Limits) (cgroupfs.Cgroup, error) {
-	pids := l.Pids
-	res := &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: &pids}}
-	if l.MemoryMiB > 0 {
-		b := l.MemoryMiB << 20
-		res.Memory = &specs.LinuxMemory{Limit: &b}
-	}
-	if l.CPUs > 0 {
-		quota, period := int64(l.CPUs)*cpuPeriod, uint64(cpuPeriod)
-		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
-	}
-	path := m.v1Path(name)
-	hierarchy := func() ([]cgroup1.Subsystem, error) { return m.v1, nil }
-	cg, err := cgroup1.New(path, res, cgroup1.WithHierarchy(hierarchy), func(c *cgroup1.InitConfig) error {
-		c.InitCheck = requireLimiters
-		return nil
-	})
-	if err != nil {
-		return cgroupfs.Cgroup{}, err
-	}
+// createV1 makes the cgroup in each v1 controller and writes its limits
+// there. On error nothing it made is left.
+func (m *Manager) createV1(name string, l session.Limits) (_ cgroupfs.Cgroup, retErr error) {
 	var out cgroupfs.Cgroup
-	for _, s := range cg.Subsystems() {
-		p, perr := path(s.Name())
-		ps, ok := s.(pather)
-		if perr != nil || !ok {
+	defer func() {
+		if retErr != nil {
+			out.Remove()
+		}
+	}()
+	for _, c := range v1Controllers {
+		parent, ok := m.v1Parents[c]
+		if !ok {
+			if limiter(c) {
+				return out, fmt.Errorf("cgroup v1 controller %s is not mounted at %s", c, filepath.Join(cgroupRoot, c))
+			}
 			continue
 		}
-		out.Dirs = append(out.Dirs, ps.Path(p))
+		dir := filepath.Join(parent, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			if limiter(c) {
+				return out, fmt.Errorf("cgroup v1 controller %s: %w", c, err)
+			}
+			continue
+		}
+		out.Dirs = append(out.Dirs, dir)
+		for _, v := range v1Values(c, l) {
+			if err := writeValue(dir, v); err != nil {
+				return out, fmt.Errorf("cgroup v1 controller %s: %w", c, err)
+			}
+		}
 	}
 	if len(out.Dirs) == 0 {
 		return out, errors.New("no cgroup v1 controller is mounted")
@@ -251,34 +278,82 @@ func (m *Manager) createV1(name string, l session.Limits) (cgroupfs.Cgroup, erro
 	return out, nil
 }
 
-// requireLimiters refuses a v1 host that lacks a controller a limit needs,
-// rather than silently running without it.
-func requireLimiters(s cgroup1.Subsystem, _ cgroup1.Path, err error) error {
-	switch s.Name() {
-	case cgroup1.Pids, cgroup1.Memory, cgroup1.Cpu:
-		return fmt.Errorf("cgroup v1 controller %s: %w", s.Name(), err)
+// value is one limit: a cgroup file and what goes in it.
+type value struct{ file, data string }
+
+func writeValue(dir string, v value) error {
+	// Cgroup files exist or the controller is missing: never create one.
+	f, err := os.OpenFile(filepath.Join(dir, v.file), os.O_WRONLY, 0)
+	if err != nil {
+		return err
 	}
-	return cgroup1.ErrIgnoreSubsystem
+	_, err = f.WriteString(v.data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("set %s to %s in %s: %w", v.file, v.data, dir, err)
+	}
+	return nil
 }
 
+// v1Values are l's limits in controller c of a v1 hierarchy.
+func v1Values(c string, l session.Limits) []value {
+	switch {
+	case c == "pids":
+		return []value{{"pids.max", strconv.FormatInt(l.Pids, 10)}}
+	case c == "memory" && l.MemoryMiB > 0:
+		return []value{{"memory.limit_in_bytes", strconv.FormatInt(l.MemoryMiB<<20, 10)}}
+	case c == "cpu" && l.CPUs > 0:
+		// The period first: the kernel checks the quota against it.
+		return []value{{"cpu.cfs_period_us", strconv.Itoa(cpuPeriod)}, {"cpu.cfs_quota_us", strconv.FormatInt(int64(l.CPUs)*cpuPeriod, 10)}}
+	}
+	return nil
+}
+
+// createV2 makes the cgroup in the unified hierarchy, gives each level
+// above it the controllers its limits need, and writes them.
 func (m *Manager) createV2(name string, l session.Limits) (cgroupfs.Cgroup, error) {
-	res := &cgroup2.Resources{Pids: &cgroup2.Pids{Max: l.Pids}}
+	dir := filepath.Join(m.v2Root, m.parent, name)
+	values := []value{{"pids.max", strconv.FormatInt(l.Pids, 10)}}
+	controllers := []string{"+pids"}
 	if l.MemoryMiB > 0 {
-		b := l.MemoryMiB << 20
-		res.Memory = &cgroup2.Memory{Max: &b}
+		values = append(values, value{"memory.max", strconv.FormatInt(l.MemoryMiB<<20, 10)})
+		controllers = append(controllers, "+memory")
 	}
 	if l.CPUs > 0 {
-		quota, period := int64(l.CPUs)*cpuPeriod, uint64(cpuPeriod)
-		res.CPU = &cgroup2.CPU{Max: cgroup2.NewCPUMax(&quota, &period)}
+		values = append(values, value{"cpu.max", fmt.Sprintf("%d %d", int64(l.CPUs)*cpuPeriod, cpuPeriod)})
+		controllers = append(controllers, "+cpu")
 	}
-	group := filepath.Join(m.parent, name)
-	if _, err := cgroup2.NewManager(unifiedMount, group, res); err != nil {
-		if errors.Is(err, os.ErrExist) || strings.Contains(err.Error(), "device or resource busy") {
-			return cgroupfs.Cgroup{}, fmt.Errorf("%w: %v", errBusy, err)
-		}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return cgroupfs.Cgroup{}, err
 	}
-	return cgroupfs.Cgroup{Dirs: []string{filepath.Join(unifiedMount, group)}}, nil
+	// Every level from the root down to the parent hands the controllers
+	// on (cgroup.subtree_control), top down: a level can hand on only
+	// what it was given. A level above the daemon's own may refuse (a
+	// delegated subtree), which is harmless where it hands them on
+	// already, so only the parent's answer counts.
+	var lastErr error
+	rel, _ := filepath.Rel(m.v2Root, filepath.Dir(dir))
+	level := m.v2Root
+	for _, part := range append([]string{""}, strings.Split(rel, "/")...) {
+		level = filepath.Join(level, part)
+		lastErr = writeValue(level, value{"cgroup.subtree_control", strings.Join(controllers, " ")})
+	}
+	if lastErr != nil {
+		os.Remove(dir)
+		if errors.Is(lastErr, unix.EBUSY) {
+			return cgroupfs.Cgroup{}, fmt.Errorf("%w: %v", errBusy, lastErr)
+		}
+		return cgroupfs.Cgroup{}, lastErr
+	}
+	for _, v := range values {
+		if err := writeValue(dir, v); err != nil {
+			os.Remove(dir)
+			return cgroupfs.Cgroup{}, err
+		}
+	}
+	return cgroupfs.Cgroup{Dirs: []string{dir}}, nil
 }
 
 // ownV2Group reads this process's cgroup v2 path ("0::/path").
@@ -297,7 +372,7 @@ func ownV2Group() (string, error) {
 
 // moveSelfToLeaf moves this process into group/supervisor.
 func moveSelfToLeaf(group string) error {
-	leaf := filepath.Join(unifiedMount, group, "supervisor")
+	leaf := filepath.Join(cgroupRoot, group, "supervisor")
 	if err := os.MkdirAll(leaf, 0o755); err != nil {
 		return err
 	}

@@ -187,3 +187,58 @@ func TestCreateWhereDirsSays(t *testing.T) {
 	defer os.WriteFile(filepath.Join(own, "cgroup.procs"), self, 0)
 	check("s2")
 }
+
+// On a v1 host a session's directories come in the order the daemons before
+// this one (with containerd's cgroups library) recorded them: a session whose
+// start a killed daemon left is found where its record says.
+func TestV1DirsInRecordedOrder(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, sup := Setup("agentconnect-test-order-" + strconv.Itoa(os.Getpid()))
+	if !sup.Available {
+		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
+	}
+	defer m.Close()
+	if m.mode == unified {
+		t.Skip("a v2 host has one directory per session")
+	}
+	var got []string
+	for _, d := range m.Dirs("s1") {
+		rel, err := filepath.Rel(cgroupRoot, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, strings.SplitN(rel, "/", 2)[0])
+	}
+	if want := []string{"pids", "cpu", "cpuacct", "memory"}; !slices.Equal(got, want) {
+		t.Errorf("a session's directories are in the hierarchies %v, want %v", got, want)
+	}
+}
+
+// A v2 hierarchy that cannot give a session the pids controller (here the
+// unified one of a hybrid host, whose controllers are all v1's) refuses the
+// cgroup rather than make one without its limit, and leaves no session
+// directory.
+func TestV2WithoutControllersRefused(t *testing.T) {
+	testutil.RequiresRoot(t)
+	if hostMode() != hybrid {
+		t.Skip("needs a hybrid host's unified hierarchy, which has no pids controller")
+	}
+	root := filepath.Join(cgroupRoot, "unified")
+	if data, err := os.ReadFile(filepath.Join(root, "cgroup.controllers")); err != nil || strings.Contains(string(data), "pids") {
+		t.Skipf("the unified hierarchy offers the pids controller (%q, %v)", data, err)
+	}
+	top := "agentconnect-test-v2-" + strconv.Itoa(os.Getpid())
+	m := &Manager{mode: unified, parent: "/" + top + "/home1", v2Root: root}
+	defer func() {
+		os.Remove(filepath.Join(root, top, "home1"))
+		os.Remove(filepath.Join(root, top))
+	}()
+	_, err := m.Create("s1", session.Limits{Pids: 32, MemoryMiB: 64, CPUs: 1})
+	if err == nil {
+		t.Fatal("Create made a v2 cgroup without the pids controller")
+	}
+	t.Logf("refused: %v", err)
+	if _, serr := os.Stat(filepath.Join(root, top, "home1", "s1")); !os.IsNotExist(serr) {
+		t.Errorf("the refused cgroup's directory is left: %v", serr)
+	}
+}
