@@ -181,7 +181,20 @@ func CgroupRoots(sessionCgroup string) []string {
 	if sessionCgroup == "" {
 		return nil
 	}
-	homeHash := filepath.Base(filepath.Dir(sessionCgroup))
+	return homeCgroups(filepath.Base(filepath.Dir(sessionCgroup)))
+}
+
+// DaemonCgroups finds the parent cgroup of the daemon whose home is
+// homeDir (home.Layout.CgroupName) in every hierarchy that still has it. A
+// daemon that stopped with no session left removes it: one found then is
+// a leftover, empty or not.
+func DaemonCgroups(homeDir string) []string {
+	return homeCgroups(filepath.Base(home.Layout{Root: homeDir}.CgroupName()))
+}
+
+// homeCgroups finds agentconnect/<homeHash> in every hierarchy, at any
+// depth the machine nests daemons (under a job's cgroup, say).
+func homeCgroups(homeHash string) []string {
 	var roots []string
 	filepath.WalkDir("/sys/fs/cgroup", func(path string, e fs.DirEntry, err error) error {
 		if err != nil || !e.IsDir() {
@@ -193,40 +206,13 @@ func CgroupRoots(sessionCgroup string) []string {
 			}
 			return fs.SkipDir
 		}
-		if strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") >= 4 {
+		if strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") >= 6 {
 			return fs.SkipDir
 		}
 		return nil
 	})
 	sort.Strings(roots)
 	return roots
-}
-
-// DaemonCgroups finds the parent cgroup of the daemon whose home is
-// homeDir (home.Layout.CgroupName) in every hierarchy that still has it,
-// at any depth the machine nests daemons (under a job's cgroup, say). A
-// daemon that stopped with no session left removes it: one found then is
-// a leftover, empty or not.
-func DaemonCgroups(homeDir string) []string {
-	name := home.Layout{Root: homeDir}.CgroupName()
-	var found []string
-	filepath.WalkDir("/sys/fs/cgroup", func(path string, e fs.DirEntry, err error) error {
-		if err != nil || !e.IsDir() {
-			return nil
-		}
-		switch {
-		case strings.HasSuffix(path, "/"+name):
-			found = append(found, path)
-			return fs.SkipDir
-		case filepath.Base(filepath.Dir(path)) == "agentconnect":
-			return fs.SkipDir // another daemon's
-		case strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") >= 6:
-			return fs.SkipDir
-		}
-		return nil
-	})
-	sort.Strings(found)
-	return found
 }
 
 // SessionCgroups lists the cgroup directories under roots named after one
