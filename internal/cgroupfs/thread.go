@@ -32,14 +32,14 @@ func (c Cgroup) EnterThread() (leave func() error, err error) {
 	back := func(n int) error {
 		var errs []error
 		for _, h := range homes[:n] {
-			if err := writeFile(filepath.Join(h, "tasks"), "0"); err != nil {
+			if err := WriteFile(filepath.Join(h, "tasks"), "0"); err != nil {
 				errs = append(errs, fmt.Errorf("move thread back to cgroup %s: %w", h, err))
 			}
 		}
 		return errors.Join(errs...)
 	}
 	for i, d := range c.Dirs {
-		if err := writeFile(filepath.Join(d, "tasks"), "0"); err != nil {
+		if err := WriteFile(filepath.Join(d, "tasks"), "0"); err != nil {
 			return nil, errors.Join(fmt.Errorf("move thread into cgroup %s: %w", d, err), back(i))
 		}
 	}
@@ -158,8 +158,9 @@ func (m cgroupMount) hasAll(controllers []string) bool {
 	return true
 }
 
-// writeFile writes v to an existing file (cgroup files cannot be created).
-func writeFile(path, v string) error {
+// WriteFile writes v to an existing cgroup file: it is never created, so
+// a file a missing controller would have had fails the write.
+func WriteFile(path, v string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err

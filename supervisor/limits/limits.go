@@ -213,20 +213,9 @@ func limiter(controller string) bool { return controller != "cpuacct" }
 // findV1 finds the parent's directory in each v1 controller: below the
 // daemon's own cgroup there, as /proc/self/cgroup names it.
 func (m *Manager) findV1() error {
-	data, err := os.ReadFile("/proc/self/cgroup")
+	own, err := ownCgroups()
 	if err != nil {
 		return err
-	}
-	own := map[string]string{}
-	for _, line := range strings.Split(string(data), "\n") {
-		// "4:memory:/a/b", "1:cpu,cpuacct:/a/b"
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || parts[1] == "" {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			own[c] = parts[2]
-		}
 	}
 	m.v1Parents = map[string]string{}
 	for _, c := range v1Controllers {
@@ -282,16 +271,7 @@ func (m *Manager) createV1(name string, l session.Limits) (_ cgroupfs.Cgroup, re
 type value struct{ file, data string }
 
 func writeValue(dir string, v value) error {
-	// Cgroup files exist or the controller is missing: never create one.
-	f, err := os.OpenFile(filepath.Join(dir, v.file), os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(v.data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := cgroupfs.WriteFile(filepath.Join(dir, v.file), v.data); err != nil {
 		return fmt.Errorf("set %s to %s in %s: %w", v.file, v.data, dir, err)
 	}
 	return nil
@@ -356,18 +336,38 @@ func (m *Manager) createV2(name string, l session.Limits) (cgroupfs.Cgroup, erro
 	return cgroupfs.Cgroup{Dirs: []string{dir}}, nil
 }
 
-// ownV2Group reads this process's cgroup v2 path ("0::/path").
-func ownV2Group() (string, error) {
+// ownCgroups reads this process's cgroup in each hierarchy from
+// /proc/self/cgroup, by controller ("4:memory:/a/b", "1:cpu,cpuacct:/a/b");
+// the v2 one ("0::/a/b") under "".
+func ownCgroups() (map[string]string, error) {
 	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		return "", fmt.Errorf("read own cgroup: %w", err)
+		return nil, fmt.Errorf("read own cgroup: %w", err)
 	}
+	own := map[string]string{}
 	for _, line := range strings.Split(string(data), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p, nil
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			own[c] = parts[2]
 		}
 	}
-	return "", errors.New("this process has no cgroup v2 path")
+	return own, nil
+}
+
+// ownV2Group is this process's cgroup v2 path.
+func ownV2Group() (string, error) {
+	own, err := ownCgroups()
+	if err != nil {
+		return "", err
+	}
+	p, ok := own[""]
+	if !ok {
+		return "", errors.New("this process has no cgroup v2 path")
+	}
+	return p, nil
 }
 
 // moveSelfToLeaf moves this process into group/supervisor.
