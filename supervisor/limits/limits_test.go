@@ -13,12 +13,20 @@ import (
 	"github.com/agentconnect-md/agentconnect/internal/testutil"
 )
 
-func TestSessionCgroupLimits(t *testing.T) {
+// setupAsRoot is Setup for a test that needs cgroups: it skips when not
+// root and fails when root cannot have them.
+func setupAsRoot(t *testing.T, name string) *Manager {
+	t.Helper()
 	testutil.RequiresRoot(t)
-	m, sup := Setup("agentconnect-test-" + strconv.Itoa(os.Getpid()))
+	m, sup := Setup(name)
 	if !sup.Available {
 		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
 	}
+	return m
+}
+
+func TestSessionCgroupLimits(t *testing.T) {
+	m := setupAsRoot(t, "agentconnect-test-"+strconv.Itoa(os.Getpid()))
 	cg, err := m.Create("s1", session.Limits{Pids: 32, MemoryMiB: 64, CPUs: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -119,12 +127,8 @@ func TestSetupUnprivileged(t *testing.T) {
 // Close takes away every level of the daemon's parent cgroup that Setup's
 // name made, the shared top one included, once nothing is inside.
 func TestCloseRemovesEveryLevelOfTheParent(t *testing.T) {
-	testutil.RequiresRoot(t)
 	top := "agentconnect-test-close-" + strconv.Itoa(os.Getpid())
-	m, sup := Setup(top + "/home1")
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
+	m := setupAsRoot(t, top+"/home1")
 	if len(m.parentDirs) == 0 {
 		t.Fatal("no parent cgroup directories")
 	}
@@ -148,11 +152,7 @@ func TestCloseRemovesEveryLevelOfTheParent(t *testing.T) {
 // it while the shim starts), even once the daemon has been moved to another
 // cgroup since Setup.
 func TestCreateWhereDirsSays(t *testing.T) {
-	testutil.RequiresRoot(t)
-	m, sup := Setup("agentconnect-test-dirs-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
+	m := setupAsRoot(t, "agentconnect-test-dirs-"+strconv.Itoa(os.Getpid()))
 	defer m.Close()
 	check := func(id string) {
 		t.Helper()
@@ -192,11 +192,7 @@ func TestCreateWhereDirsSays(t *testing.T) {
 // this one (with containerd's cgroups library) recorded them: a session whose
 // start a killed daemon left is found where its record says.
 func TestV1DirsInRecordedOrder(t *testing.T) {
-	testutil.RequiresRoot(t)
-	m, sup := Setup("agentconnect-test-order-" + strconv.Itoa(os.Getpid()))
-	if !sup.Available {
-		t.Fatalf("cgroups unavailable as root: %s", sup.Reason)
-	}
+	m := setupAsRoot(t, "agentconnect-test-order-"+strconv.Itoa(os.Getpid()))
 	defer m.Close()
 	if m.mode == unified {
 		t.Skip("a v2 host has one directory per session")
