@@ -206,9 +206,9 @@ func ShimSocket(dir, sessionID string, run uint32) string {
 	return filepath.Join(dir, hashName(sessionID+"/"+strconv.FormatUint(uint64(run), 10), 16)+".sock")
 }
 
-// CgroupName is the daemon's parent cgroup, relative to each hierarchy's
-// root (or, on a v2 host, to the daemon's own cgroup): the home's name in
-// the tree every daemon on the machine shares. Its session cgroups are
+// CgroupName is the daemon's parent cgroup, below the daemon's own cgroup
+// in each hierarchy: the home's name in the tree every daemon on the
+// machine shares. Its session cgroups are
 // made inside it; the daemon removes it when it stops with none left.
 func (l Layout) CgroupName() string {
 	return filepath.Join("agentconnect", hashName(l.Root, 12))
