@@ -174,8 +174,9 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 	}
 	if s.warm != nil {
 		// The supervisor has bound the session to this warm shim: what it
-		// wrote in session.json for it is the session's own.
-		if err := s.claimLocked(); err != nil {
+		// sent with Start (or, before API version 6, wrote in
+		// session.json) is the session's own.
+		if err := s.claimLocked(req.Claim); err != nil {
 			s.mu.Unlock()
 			return nil, err
 		}
@@ -221,20 +222,27 @@ func (s *service) Start(_ context.Context, req *shimv1.StartRequest) (*shimv1.St
 	return &shimv1.StartResponse{Pid: uint32(pid)}, nil
 }
 
-// claimLocked takes from session.json what the supervisor bound to a warm
-// shim at claim time: the command, the env, the creation time. The rest of
-// the record is what the warm run was prepared from, which the supervisor
-// compared before it claimed the shim.
-func (s *service) claimLocked() error {
-	rec, err := s.dir.ReadRecord()
-	if err != nil {
-		return fmt.Errorf("session %s: read the claimed session: %w", s.rec.ID, err)
+// claimLocked takes what the supervisor bound to a warm shim at claim
+// time: the command, the env, the creation time. It comes with Start
+// (claim); a supervisor of API version 5 and older wrote it in session.json
+// instead (claim nil). The rest of the record is what the warm run was
+// prepared from, which the supervisor compared before it claimed the shim.
+func (s *service) claimLocked(claim *shimv1.Claim) error {
+	if claim == nil {
+		rec, err := s.dir.ReadRecord()
+		if err != nil {
+			return fmt.Errorf("session %s: read the claimed session: %w", s.rec.ID, err)
+		}
+		if rec.ID != s.rec.ID || rec.Run != s.rec.Run || rec.Warm {
+			return errdefs.FailedPrecondition("session %s: session.json does not bind this warm shim (session %s, run %d, warm %v)", s.rec.ID, rec.ID, rec.Run, rec.Warm)
+		}
+		claim = &shimv1.Claim{Command: rec.Spec.Command, CommandOverride: rec.Spec.CommandOverride, Env: rec.Spec.Env, CreatedAt: rec.CreatedAt}
 	}
-	if rec.ID != s.rec.ID || rec.Run != s.rec.Run || rec.Warm {
-		return errdefs.FailedPrecondition("session %s: session.json does not bind this warm shim (session %s, run %d, warm %v)", s.rec.ID, rec.ID, rec.Run, rec.Warm)
+	if len(claim.Command) == 0 || claim.Command[0] == "" {
+		return errdefs.InvalidArgument("session %s: the claim of the warm shim has no command", s.rec.ID)
 	}
-	s.rec.Warm, s.rec.CreatedAt = false, rec.CreatedAt
-	s.rec.Spec.Command, s.rec.Spec.CommandOverride, s.rec.Spec.Env = rec.Spec.Command, rec.Spec.CommandOverride, rec.Spec.Env
+	s.rec.Warm, s.rec.CreatedAt = false, claim.CreatedAt
+	s.rec.Spec.Command, s.rec.Spec.CommandOverride, s.rec.Spec.Env = claim.Command, claim.CommandOverride, claim.Env
 	s.log.Info("warm boundary claimed")
 	return nil
 }

@@ -37,10 +37,27 @@ type StartRequest struct {
 	// swaps each placeholder for its value toward the secret's hosts. Kept
 	// in memory only, like Env.
 	Secrets []*Secret
+	// Claim is what a session binds to the warm shim it claimed; nil for
+	// a cold run. A shim of an older API reads it from session.json.
+	Claim *Claim
 }
 
 func (m *StartRequest) fields() []field {
-	return []field{repeatedStringField(1, &m.Env), repeatedMessageField(2, &m.Secrets)}
+	return []field{repeatedStringField(1, &m.Env), repeatedMessageField(2, &m.Secrets), messageField(3, &m.Claim)}
+}
+
+// Claim is what is a session's own in a warm shim's run (session.Spec's
+// Command, CommandOverride and Env, and the record's CreatedAt): the rest
+// of its record is what the warm run was prepared from.
+type Claim struct {
+	Command         []string
+	CommandOverride bool
+	Env             []string
+	CreatedAt       time.Time
+}
+
+func (m *Claim) fields() []field {
+	return []field{repeatedStringField(1, &m.Command), boolField(2, &m.CommandOverride), repeatedStringField(3, &m.Env), timeField(4, &m.CreatedAt)}
 }
 
 // Secret is one binding of a run inside a boundary.

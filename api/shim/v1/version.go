@@ -9,7 +9,13 @@ package shimv1
 // 3: Secret.name, token_hosts and token_field; SecretUpdates.
 // 4: session.json's spec.runAs (a host session's account).
 // 5: Forward, Unforward and ListForwards.
-const APIVersion = 5
+// 6: StartRequest.claim.
+const APIVersion = 6
+
+// ClaimAPIVersion is the first version that takes a warm shim's claim with
+// Start; an older shim reads it from session.json, which must be written
+// before Start then.
+const ClaimAPIVersion = 6
 
 // ForwardAPIVersion is the first version that forwards into a session.
 const ForwardAPIVersion = 5

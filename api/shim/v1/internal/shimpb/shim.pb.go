@@ -206,7 +206,10 @@ type StartRequest struct {
 	// The run's secret bindings inside a boundary: the shim's proxy swaps
 	// each placeholder for its value toward the secret's hosts. Kept in
 	// memory only, like env. Since API version 2.
-	Secrets       []*Secret `protobuf:"bytes,2,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	Secrets []*Secret `protobuf:"bytes,2,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// What a session binds to the warm shim it claimed, which the shim
+	// read from session.json before API version 6; none for a cold run.
+	Claim         *Claim `protobuf:"bytes,3,opt,name=claim,proto3" json:"claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -255,6 +258,83 @@ func (x *StartRequest) GetSecrets() []*Secret {
 	return nil
 }
 
+func (x *StartRequest) GetClaim() *Claim {
+	if x != nil {
+		return x.Claim
+	}
+	return nil
+}
+
+// Claim is what is a session's own in a warm shim's run: the rest of its
+// record is what the warm run was prepared from. Since API version 6.
+type Claim struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Command         []string               `protobuf:"bytes,1,rep,name=command,proto3" json:"command,omitempty"`
+	CommandOverride bool                   `protobuf:"varint,2,opt,name=command_override,json=commandOverride,proto3" json:"command_override,omitempty"`
+	Env             []string               `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty"`
+	CreatedAt       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Claim) Reset() {
+	*x = Claim{}
+	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Claim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Claim) ProtoMessage() {}
+
+func (x *Claim) ProtoReflect() protoreflect.Message {
+	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Claim.ProtoReflect.Descriptor instead.
+func (*Claim) Descriptor() ([]byte, []int) {
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Claim) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *Claim) GetCommandOverride() bool {
+	if x != nil {
+		return x.CommandOverride
+	}
+	return false
+}
+
+func (x *Claim) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Claim) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 type Secret struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Placeholder string                 `protobuf:"bytes,1,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
@@ -272,7 +352,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +364,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[3]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +377,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{3}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Secret) GetPlaceholder() string {
@@ -358,7 +438,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +450,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[4]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +463,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{4}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StartResponse) GetPid() uint32 {
@@ -401,7 +481,7 @@ type StateRequest struct {
 
 func (x *StateRequest) Reset() {
 	*x = StateRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +493,7 @@ func (x *StateRequest) String() string {
 func (*StateRequest) ProtoMessage() {}
 
 func (x *StateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[5]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +506,7 @@ func (x *StateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRequest.ProtoReflect.Descriptor instead.
 func (*StateRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{5}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{6}
 }
 
 type StateResponse struct {
@@ -448,7 +528,7 @@ type StateResponse struct {
 
 func (x *StateResponse) Reset() {
 	*x = StateResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +540,7 @@ func (x *StateResponse) String() string {
 func (*StateResponse) ProtoMessage() {}
 
 func (x *StateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[6]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +553,7 @@ func (x *StateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateResponse.ProtoReflect.Descriptor instead.
 func (*StateResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{6}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StateResponse) GetSessionId() string {
@@ -563,7 +643,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +655,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[7]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +668,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{7}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KillRequest) GetSignal() uint32 {
@@ -613,7 +693,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +705,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[8]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +718,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{8}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{9}
 }
 
 type WaitRequest struct {
@@ -649,7 +729,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +741,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[9]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +754,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{9}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{10}
 }
 
 type WaitResponse struct {
@@ -688,7 +768,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +780,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[10]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +793,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{10}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -747,7 +827,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +839,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[11]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +852,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{11}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WriteStdinRequest) GetData() []byte {
@@ -798,7 +878,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +890,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[12]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +903,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{12}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -841,7 +921,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +933,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[13]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +946,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{13}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{14}
 }
 
 type CloseStdinResponse struct {
@@ -877,7 +957,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +969,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[14]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +982,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{14}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{15}
 }
 
 type StatsRequest struct {
@@ -913,7 +993,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1005,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[15]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1018,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{15}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{16}
 }
 
 type StatsResponse struct {
@@ -952,7 +1032,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1044,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[16]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1057,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{16}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatsResponse) GetMemoryBytes() uint64 {
@@ -1009,7 +1089,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1101,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[17]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1114,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{17}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{18}
 }
 
 type ShutdownResponse struct {
@@ -1045,7 +1125,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1137,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[18]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1150,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{18}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{19}
 }
 
 type SecretUpdatesRequest struct {
@@ -1082,7 +1162,7 @@ type SecretUpdatesRequest struct {
 
 func (x *SecretUpdatesRequest) Reset() {
 	*x = SecretUpdatesRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1174,7 @@ func (x *SecretUpdatesRequest) String() string {
 func (*SecretUpdatesRequest) ProtoMessage() {}
 
 func (x *SecretUpdatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[19]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1187,7 @@ func (x *SecretUpdatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretUpdatesRequest.ProtoReflect.Descriptor instead.
 func (*SecretUpdatesRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{19}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SecretUpdatesRequest) GetAfter() uint64 {
@@ -1128,7 +1208,7 @@ type SecretUpdatesResponse struct {
 
 func (x *SecretUpdatesResponse) Reset() {
 	*x = SecretUpdatesResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1220,7 @@ func (x *SecretUpdatesResponse) String() string {
 func (*SecretUpdatesResponse) ProtoMessage() {}
 
 func (x *SecretUpdatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[20]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1233,7 @@ func (x *SecretUpdatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretUpdatesResponse.ProtoReflect.Descriptor instead.
 func (*SecretUpdatesResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{20}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SecretUpdatesResponse) GetGeneration() uint64 {
@@ -1187,7 +1267,7 @@ type SecretUpdate struct {
 
 func (x *SecretUpdate) Reset() {
 	*x = SecretUpdate{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1279,7 @@ func (x *SecretUpdate) String() string {
 func (*SecretUpdate) ProtoMessage() {}
 
 func (x *SecretUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[21]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1292,7 @@ func (x *SecretUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretUpdate.ProtoReflect.Descriptor instead.
 func (*SecretUpdate) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{21}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SecretUpdate) GetName() string {
@@ -1242,7 +1322,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1334,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[22]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1347,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{22}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForwardRequest) GetHostPort() uint32 {
@@ -1304,7 +1384,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1396,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[23]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1409,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{23}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Forward) GetAddress() string {
@@ -1376,7 +1456,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1468,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[24]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1481,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{24}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForwardResponse) GetForward() *Forward {
@@ -1420,7 +1500,7 @@ type UnforwardRequest struct {
 
 func (x *UnforwardRequest) Reset() {
 	*x = UnforwardRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1512,7 @@ func (x *UnforwardRequest) String() string {
 func (*UnforwardRequest) ProtoMessage() {}
 
 func (x *UnforwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[25]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1525,7 @@ func (x *UnforwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnforwardRequest.ProtoReflect.Descriptor instead.
 func (*UnforwardRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{25}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UnforwardRequest) GetAddress() string {
@@ -1464,7 +1544,7 @@ type UnforwardResponse struct {
 
 func (x *UnforwardResponse) Reset() {
 	*x = UnforwardResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1556,7 @@ func (x *UnforwardResponse) String() string {
 func (*UnforwardResponse) ProtoMessage() {}
 
 func (x *UnforwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[26]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1569,7 @@ func (x *UnforwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnforwardResponse.ProtoReflect.Descriptor instead.
 func (*UnforwardResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{26}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *UnforwardResponse) GetClosed() uint32 {
@@ -1507,7 +1587,7 @@ type ListForwardsRequest struct {
 
 func (x *ListForwardsRequest) Reset() {
 	*x = ListForwardsRequest{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1599,7 @@ func (x *ListForwardsRequest) String() string {
 func (*ListForwardsRequest) ProtoMessage() {}
 
 func (x *ListForwardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[27]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1612,7 @@ func (x *ListForwardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListForwardsRequest.ProtoReflect.Descriptor instead.
 func (*ListForwardsRequest) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{27}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{28}
 }
 
 type ListForwardsResponse struct {
@@ -1544,7 +1624,7 @@ type ListForwardsResponse struct {
 
 func (x *ListForwardsResponse) Reset() {
 	*x = ListForwardsResponse{}
-	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1636,7 @@ func (x *ListForwardsResponse) String() string {
 func (*ListForwardsResponse) ProtoMessage() {}
 
 func (x *ListForwardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_shim_v1_shim_proto_msgTypes[28]
+	mi := &file_api_shim_v1_shim_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1649,7 @@ func (x *ListForwardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListForwardsResponse.ProtoReflect.Descriptor instead.
 func (*ListForwardsResponse) Descriptor() ([]byte, []int) {
-	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{28}
+	return file_api_shim_v1_shim_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListForwardsResponse) GetForwards() []*Forward {
@@ -1594,10 +1674,17 @@ const file_api_shim_v1_shim_proto_rawDesc = "" +
 	"\fshim_version\x18\x02 \x01(\tR\vshimVersion\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x10\n" +
-	"\x03run\x18\x04 \x01(\rR\x03run\"X\n" +
+	"\x03run\x18\x04 \x01(\rR\x03run\"\x8b\x01\n" +
 	"\fStartRequest\x12\x10\n" +
 	"\x03env\x18\x01 \x03(\tR\x03env\x126\n" +
-	"\asecrets\x18\x02 \x03(\v2\x1c.agentconnect.shim.v1.SecretR\asecrets\"\xc6\x01\n" +
+	"\asecrets\x18\x02 \x03(\v2\x1c.agentconnect.shim.v1.SecretR\asecrets\x121\n" +
+	"\x05claim\x18\x03 \x01(\v2\x1b.agentconnect.shim.v1.ClaimR\x05claim\"\x99\x01\n" +
+	"\x05Claim\x12\x18\n" +
+	"\acommand\x18\x01 \x03(\tR\acommand\x12)\n" +
+	"\x10command_override\x18\x02 \x01(\bR\x0fcommandOverride\x12\x10\n" +
+	"\x03env\x18\x03 \x03(\tR\x03env\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xc6\x01\n" +
 	"\x06Secret\x12 \n" +
 	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
@@ -1716,80 +1803,83 @@ func file_api_shim_v1_shim_proto_rawDescGZIP() []byte {
 }
 
 var file_api_shim_v1_shim_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_api_shim_v1_shim_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_api_shim_v1_shim_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentconnect.shim.v1.Status
 	(*HandshakeRequest)(nil),      // 1: agentconnect.shim.v1.HandshakeRequest
 	(*HandshakeResponse)(nil),     // 2: agentconnect.shim.v1.HandshakeResponse
 	(*StartRequest)(nil),          // 3: agentconnect.shim.v1.StartRequest
-	(*Secret)(nil),                // 4: agentconnect.shim.v1.Secret
-	(*StartResponse)(nil),         // 5: agentconnect.shim.v1.StartResponse
-	(*StateRequest)(nil),          // 6: agentconnect.shim.v1.StateRequest
-	(*StateResponse)(nil),         // 7: agentconnect.shim.v1.StateResponse
-	(*KillRequest)(nil),           // 8: agentconnect.shim.v1.KillRequest
-	(*KillResponse)(nil),          // 9: agentconnect.shim.v1.KillResponse
-	(*WaitRequest)(nil),           // 10: agentconnect.shim.v1.WaitRequest
-	(*WaitResponse)(nil),          // 11: agentconnect.shim.v1.WaitResponse
-	(*WriteStdinRequest)(nil),     // 12: agentconnect.shim.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 13: agentconnect.shim.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),     // 14: agentconnect.shim.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),    // 15: agentconnect.shim.v1.CloseStdinResponse
-	(*StatsRequest)(nil),          // 16: agentconnect.shim.v1.StatsRequest
-	(*StatsResponse)(nil),         // 17: agentconnect.shim.v1.StatsResponse
-	(*ShutdownRequest)(nil),       // 18: agentconnect.shim.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),      // 19: agentconnect.shim.v1.ShutdownResponse
-	(*SecretUpdatesRequest)(nil),  // 20: agentconnect.shim.v1.SecretUpdatesRequest
-	(*SecretUpdatesResponse)(nil), // 21: agentconnect.shim.v1.SecretUpdatesResponse
-	(*SecretUpdate)(nil),          // 22: agentconnect.shim.v1.SecretUpdate
-	(*ForwardRequest)(nil),        // 23: agentconnect.shim.v1.ForwardRequest
-	(*Forward)(nil),               // 24: agentconnect.shim.v1.Forward
-	(*ForwardResponse)(nil),       // 25: agentconnect.shim.v1.ForwardResponse
-	(*UnforwardRequest)(nil),      // 26: agentconnect.shim.v1.UnforwardRequest
-	(*UnforwardResponse)(nil),     // 27: agentconnect.shim.v1.UnforwardResponse
-	(*ListForwardsRequest)(nil),   // 28: agentconnect.shim.v1.ListForwardsRequest
-	(*ListForwardsResponse)(nil),  // 29: agentconnect.shim.v1.ListForwardsResponse
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*Claim)(nil),                 // 4: agentconnect.shim.v1.Claim
+	(*Secret)(nil),                // 5: agentconnect.shim.v1.Secret
+	(*StartResponse)(nil),         // 6: agentconnect.shim.v1.StartResponse
+	(*StateRequest)(nil),          // 7: agentconnect.shim.v1.StateRequest
+	(*StateResponse)(nil),         // 8: agentconnect.shim.v1.StateResponse
+	(*KillRequest)(nil),           // 9: agentconnect.shim.v1.KillRequest
+	(*KillResponse)(nil),          // 10: agentconnect.shim.v1.KillResponse
+	(*WaitRequest)(nil),           // 11: agentconnect.shim.v1.WaitRequest
+	(*WaitResponse)(nil),          // 12: agentconnect.shim.v1.WaitResponse
+	(*WriteStdinRequest)(nil),     // 13: agentconnect.shim.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 14: agentconnect.shim.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),     // 15: agentconnect.shim.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),    // 16: agentconnect.shim.v1.CloseStdinResponse
+	(*StatsRequest)(nil),          // 17: agentconnect.shim.v1.StatsRequest
+	(*StatsResponse)(nil),         // 18: agentconnect.shim.v1.StatsResponse
+	(*ShutdownRequest)(nil),       // 19: agentconnect.shim.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),      // 20: agentconnect.shim.v1.ShutdownResponse
+	(*SecretUpdatesRequest)(nil),  // 21: agentconnect.shim.v1.SecretUpdatesRequest
+	(*SecretUpdatesResponse)(nil), // 22: agentconnect.shim.v1.SecretUpdatesResponse
+	(*SecretUpdate)(nil),          // 23: agentconnect.shim.v1.SecretUpdate
+	(*ForwardRequest)(nil),        // 24: agentconnect.shim.v1.ForwardRequest
+	(*Forward)(nil),               // 25: agentconnect.shim.v1.Forward
+	(*ForwardResponse)(nil),       // 26: agentconnect.shim.v1.ForwardResponse
+	(*UnforwardRequest)(nil),      // 27: agentconnect.shim.v1.UnforwardRequest
+	(*UnforwardResponse)(nil),     // 28: agentconnect.shim.v1.UnforwardResponse
+	(*ListForwardsRequest)(nil),   // 29: agentconnect.shim.v1.ListForwardsRequest
+	(*ListForwardsResponse)(nil),  // 30: agentconnect.shim.v1.ListForwardsResponse
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 }
 var file_api_shim_v1_shim_proto_depIdxs = []int32{
-	4,  // 0: agentconnect.shim.v1.StartRequest.secrets:type_name -> agentconnect.shim.v1.Secret
-	0,  // 1: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
-	30, // 2: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
-	30, // 3: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
-	30, // 4: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	22, // 5: agentconnect.shim.v1.SecretUpdatesResponse.updates:type_name -> agentconnect.shim.v1.SecretUpdate
-	24, // 6: agentconnect.shim.v1.ForwardResponse.forward:type_name -> agentconnect.shim.v1.Forward
-	24, // 7: agentconnect.shim.v1.ListForwardsResponse.forwards:type_name -> agentconnect.shim.v1.Forward
-	1,  // 8: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
-	3,  // 9: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
-	6,  // 10: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
-	8,  // 11: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
-	10, // 12: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
-	12, // 13: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
-	14, // 14: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
-	16, // 15: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
-	18, // 16: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
-	20, // 17: agentconnect.shim.v1.Shim.SecretUpdates:input_type -> agentconnect.shim.v1.SecretUpdatesRequest
-	23, // 18: agentconnect.shim.v1.Shim.Forward:input_type -> agentconnect.shim.v1.ForwardRequest
-	26, // 19: agentconnect.shim.v1.Shim.Unforward:input_type -> agentconnect.shim.v1.UnforwardRequest
-	28, // 20: agentconnect.shim.v1.Shim.ListForwards:input_type -> agentconnect.shim.v1.ListForwardsRequest
-	2,  // 21: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
-	5,  // 22: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
-	7,  // 23: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
-	9,  // 24: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
-	11, // 25: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
-	13, // 26: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
-	15, // 27: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
-	17, // 28: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
-	19, // 29: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
-	21, // 30: agentconnect.shim.v1.Shim.SecretUpdates:output_type -> agentconnect.shim.v1.SecretUpdatesResponse
-	25, // 31: agentconnect.shim.v1.Shim.Forward:output_type -> agentconnect.shim.v1.ForwardResponse
-	27, // 32: agentconnect.shim.v1.Shim.Unforward:output_type -> agentconnect.shim.v1.UnforwardResponse
-	29, // 33: agentconnect.shim.v1.Shim.ListForwards:output_type -> agentconnect.shim.v1.ListForwardsResponse
-	21, // [21:34] is the sub-list for method output_type
-	8,  // [8:21] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	5,  // 0: agentconnect.shim.v1.StartRequest.secrets:type_name -> agentconnect.shim.v1.Secret
+	4,  // 1: agentconnect.shim.v1.StartRequest.claim:type_name -> agentconnect.shim.v1.Claim
+	31, // 2: agentconnect.shim.v1.Claim.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 3: agentconnect.shim.v1.StateResponse.status:type_name -> agentconnect.shim.v1.Status
+	31, // 4: agentconnect.shim.v1.StateResponse.started_at:type_name -> google.protobuf.Timestamp
+	31, // 5: agentconnect.shim.v1.StateResponse.exited_at:type_name -> google.protobuf.Timestamp
+	31, // 6: agentconnect.shim.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	23, // 7: agentconnect.shim.v1.SecretUpdatesResponse.updates:type_name -> agentconnect.shim.v1.SecretUpdate
+	25, // 8: agentconnect.shim.v1.ForwardResponse.forward:type_name -> agentconnect.shim.v1.Forward
+	25, // 9: agentconnect.shim.v1.ListForwardsResponse.forwards:type_name -> agentconnect.shim.v1.Forward
+	1,  // 10: agentconnect.shim.v1.Shim.Handshake:input_type -> agentconnect.shim.v1.HandshakeRequest
+	3,  // 11: agentconnect.shim.v1.Shim.Start:input_type -> agentconnect.shim.v1.StartRequest
+	7,  // 12: agentconnect.shim.v1.Shim.State:input_type -> agentconnect.shim.v1.StateRequest
+	9,  // 13: agentconnect.shim.v1.Shim.Kill:input_type -> agentconnect.shim.v1.KillRequest
+	11, // 14: agentconnect.shim.v1.Shim.Wait:input_type -> agentconnect.shim.v1.WaitRequest
+	13, // 15: agentconnect.shim.v1.Shim.WriteStdin:input_type -> agentconnect.shim.v1.WriteStdinRequest
+	15, // 16: agentconnect.shim.v1.Shim.CloseStdin:input_type -> agentconnect.shim.v1.CloseStdinRequest
+	17, // 17: agentconnect.shim.v1.Shim.Stats:input_type -> agentconnect.shim.v1.StatsRequest
+	19, // 18: agentconnect.shim.v1.Shim.Shutdown:input_type -> agentconnect.shim.v1.ShutdownRequest
+	21, // 19: agentconnect.shim.v1.Shim.SecretUpdates:input_type -> agentconnect.shim.v1.SecretUpdatesRequest
+	24, // 20: agentconnect.shim.v1.Shim.Forward:input_type -> agentconnect.shim.v1.ForwardRequest
+	27, // 21: agentconnect.shim.v1.Shim.Unforward:input_type -> agentconnect.shim.v1.UnforwardRequest
+	29, // 22: agentconnect.shim.v1.Shim.ListForwards:input_type -> agentconnect.shim.v1.ListForwardsRequest
+	2,  // 23: agentconnect.shim.v1.Shim.Handshake:output_type -> agentconnect.shim.v1.HandshakeResponse
+	6,  // 24: agentconnect.shim.v1.Shim.Start:output_type -> agentconnect.shim.v1.StartResponse
+	8,  // 25: agentconnect.shim.v1.Shim.State:output_type -> agentconnect.shim.v1.StateResponse
+	10, // 26: agentconnect.shim.v1.Shim.Kill:output_type -> agentconnect.shim.v1.KillResponse
+	12, // 27: agentconnect.shim.v1.Shim.Wait:output_type -> agentconnect.shim.v1.WaitResponse
+	14, // 28: agentconnect.shim.v1.Shim.WriteStdin:output_type -> agentconnect.shim.v1.WriteStdinResponse
+	16, // 29: agentconnect.shim.v1.Shim.CloseStdin:output_type -> agentconnect.shim.v1.CloseStdinResponse
+	18, // 30: agentconnect.shim.v1.Shim.Stats:output_type -> agentconnect.shim.v1.StatsResponse
+	20, // 31: agentconnect.shim.v1.Shim.Shutdown:output_type -> agentconnect.shim.v1.ShutdownResponse
+	22, // 32: agentconnect.shim.v1.Shim.SecretUpdates:output_type -> agentconnect.shim.v1.SecretUpdatesResponse
+	26, // 33: agentconnect.shim.v1.Shim.Forward:output_type -> agentconnect.shim.v1.ForwardResponse
+	28, // 34: agentconnect.shim.v1.Shim.Unforward:output_type -> agentconnect.shim.v1.UnforwardResponse
+	30, // 35: agentconnect.shim.v1.Shim.ListForwards:output_type -> agentconnect.shim.v1.ListForwardsResponse
+	23, // [23:36] is the sub-list for method output_type
+	10, // [10:23] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_api_shim_v1_shim_proto_init() }
@@ -1803,7 +1893,7 @@ func file_api_shim_v1_shim_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_shim_v1_shim_proto_rawDesc), len(file_api_shim_v1_shim_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
