@@ -19,7 +19,7 @@ func warmService(t *testing.T) (*service, session.Dir) {
 	if err := dir.WriteRecord(rec); err != nil {
 		t.Fatal(err)
 	}
-	return newService(rec, dir, nil, logrus.NewEntry(logrus.New()), nil), dir
+	return newService(rec, dir, nil, logrus.NewEntry(logrus.New()), nil, newReaper()), dir
 }
 
 func TestClaimWithStart(t *testing.T) {

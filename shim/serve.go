@@ -35,26 +35,74 @@ const exitLinger = 5 * time.Second
 // (a Wait about to return the exit) before it closes its connections.
 const shutdownGrace = 2 * time.Second
 
-// serve is the long-lived shim.
-func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
+// process is what a serving shim sets up of its own process, before and
+// whatever its session: a spare (shimv1.StartSpare) does it while it waits
+// for one, so that a start does not.
+type process struct {
+	log              *logrus.Logger
+	reaper           *reaper
+	sigchld, sigterm chan os.Signal
+	// startTime identifies this process with its pid (procstat).
+	startTime uint64
+}
+
+// setupProcess makes this process a shim: no core dumps, a small heap, the
+// child subreaper that reaps all the runtime leaves, and signal handling.
+func setupProcess() (*process, error) {
 	// A shim may hold secrets' values (a run's private env): no core dump
 	// of it, no ptrace or /proc/PID/mem by another process of this user.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	// A shim idles for hours: keep its heap and threads small.
 	debug.SetGCPercent(40)
 	runtime.GOMAXPROCS(2)
+	resetOOMScore("/proc/self/oom_score_adj")
+	// Orphans of the runtime are reparented here, not to init, so that the
+	// shim reaps them and can kill what is left of the session.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("become a child subreaper: %w", err)
+	}
+	log := logrus.New()
+	log.SetFormatter(&logrus.JSONFormatter{})
+	start, err := procstat.StartTime(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("read the shim's own start time: %w", err)
+	}
+	p := &process{log: log, reaper: newReaper(), sigchld: make(chan os.Signal, 1), sigterm: make(chan os.Signal, 1), startTime: start}
+	warmCaches()
+	signal.Notify(p.sigchld, syscall.SIGCHLD)
+	go p.reaper.run(p.sigchld)
+	signal.Notify(p.sigterm, syscall.SIGTERM, syscall.SIGINT)
+	return p, nil
+}
 
+// warmCaches does the once-per-process work a start would otherwise pay:
+// encoding/json's field cache of the records a start reads and writes, and
+// the os package's check that pidfds work (a fork of a child that exits at
+// once, made before the first process the shim starts; os.FindProcess
+// runs it).
+func warmCaches() {
+	json.Unmarshal([]byte("{}"), new(session.Record))
+	json.Marshal(&session.Bootstrap{})
+	json.Marshal(&session.Status{})
+	if self, err := os.FindProcess(os.Getpid()); err == nil {
+		self.Release()
+	}
+}
+
+// serve is the long-lived shim of the session run in dirPath, in the
+// process p set up (nil: serve sets it up).
+func serve(dirPath, socket string, runners map[strategy.Name]Runner, p *process) error {
 	readyW := os.NewFile(shimv1.FDReady, "ready")
 	fail := func(err error) error {
 		json.NewEncoder(readyW).Encode(shimv1.Ready{Error: err.Error()})
 		readyW.Close()
 		return err
 	}
-	resetOOMScore("/proc/self/oom_score_adj")
-	// Orphans of the runtime are reparented here, not to init, so that the
-	// shim reaps them and can kill what is left of the session.
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		return fail(fmt.Errorf("become a child subreaper: %w", err))
+	if p == nil {
+		var err error
+		if p, err = setupProcess(); err != nil {
+			return fail(err)
+		}
 	}
 	l, err := net.FileListener(os.NewFile(shimv1.FDListener, "listener"))
 	if err != nil {
@@ -65,26 +113,20 @@ func serve(dirPath, socket string, runners map[strategy.Name]Runner) error {
 	if err != nil {
 		return fail(fmt.Errorf("read session: %w", err))
 	}
-	log := logrus.New()
-	log.SetFormatter(&logrus.JSONFormatter{})
-	entry := log.WithFields(logrus.Fields{"session": rec.ID, "run": rec.Run})
+	entry := p.log.WithFields(logrus.Fields{"session": rec.ID, "run": rec.Run})
 
 	out, err := outputlog.OpenWriter(dir.OutputPath(), rec.Spec.OutputLimit()<<20)
 	if err != nil {
 		return fail(err)
 	}
-	svc := newService(rec, dir, out, entry, runners)
-	sigchld := make(chan os.Signal, 1)
-	signal.Notify(sigchld, syscall.SIGCHLD)
-	go svc.reaper.run(sigchld)
-	sigterm := make(chan os.Signal, 1)
-	signal.Notify(sigterm, syscall.SIGTERM, syscall.SIGINT)
+	svc := newService(rec, dir, out, entry, runners, p.reaper)
+	sigterm := p.sigterm
 
 	srv := ttrpclite.NewServer(true) // the supervisor runs as this shim's user
 	shimv1.RegisterShimService(srv, svc)
 	go srv.Serve(l)
 
-	start, _ := procstat.StartTime(os.Getpid())
+	start := p.startTime
 	if err := dir.WriteBootstrap(&session.Bootstrap{
 		Address: socket, PID: os.Getpid(), StartTime: start,
 		APIVersion: shimv1.APIVersion, Version: version.Version, Run: rec.Run,

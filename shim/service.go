@@ -81,11 +81,11 @@ type service struct {
 	outputErr     string // the last output log error logged, so that each is logged once
 }
 
-func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry, runners map[strategy.Name]Runner) *service {
+func newService(rec *session.Record, dir session.Dir, out *outputlog.Writer, log *logrus.Entry, runners map[strategy.Name]Runner, r *reaper) *service {
 	return &service{
 		rec: rec, dir: dir, out: out, log: log, runners: runners,
 		cg:         cgroupfs.Cgroup{Dirs: rec.Spec.Cgroup},
-		reaper:     newReaper(),
+		reaper:     r,
 		exited:     make(chan struct{}),
 		cleanedUp:  make(chan struct{}),
 		shutdown:   make(chan struct{}),

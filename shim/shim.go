@@ -12,6 +12,8 @@
 //	        ready, serve ttrpc; Start runs the strategy's
 //	        runner; when the runtime exits, the runner ends what is left of
 //	        the run, the shim writes status.json, removes the cgroup, exits
+//	spare   started before its session (shimv1.StartSpare): wait to be
+//	        handed serve's arguments and files, then go on as that serve
 //	init    wait in the session's cgroup until the shim says what to exec,
 //	        then exec it: a warm host run's runtime (exec errors go back
 //	        to the shim on a pipe); a command known when the shim forks (a
@@ -28,6 +30,7 @@ import (
 	"sort"
 	"strings"
 
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/fds"
 	"github.com/agentconnect-md/agentconnect/strategy"
 )
@@ -52,6 +55,24 @@ func Main(args []string, cfg Config) error {
 	if args[0] == "init" {
 		return runInit(args[1:])
 	}
+	var proc *process
+	if args[0] == "spare" {
+		// Started before its session (shimv1.StartSpare): it sets up its
+		// process, then goes on as the serve it is handed, or ends with
+		// nothing handed. A spare whose setup fails exits; the start
+		// that would have had it launches a shim of its own, which says
+		// why in the session's shim.log.
+		var err error
+		if proc, err = setupProcess(); err != nil {
+			return err
+		}
+		serveArgs, err := awaitLaunch(proc)
+		if err != nil || serveArgs == nil {
+			return err
+		}
+		args = serveArgs
+		setTitle(append([]string{cfg.Name}, args...))
+	}
 	if cmd, ok := cfg.Commands[args[0]]; ok {
 		return cmd(args[1:])
 	}
@@ -67,7 +88,7 @@ func Main(args []string, cfg Config) error {
 	// What the supervisor's parent left open must not reach the runtime.
 	fds.CloseOnExec()
 	if args[0] == "serve" {
-		return serve(*dir, *socket, cfg.Runners)
+		return serve(*dir, *socket, cfg.Runners, proc)
 	}
 	names := []string{"serve", "init"}
 	for n := range cfg.Commands {
@@ -75,4 +96,24 @@ func Main(args []string, cfg Config) error {
 	}
 	sort.Strings(names[2:])
 	return fmt.Errorf("unknown command %q (want %s)", args[0], strings.Join(names, ", "))
+}
+
+// awaitLaunch waits for a spare's session (shimv1.AwaitLaunch); a SIGTERM
+// meanwhile ends the spare as it would a shim without a run.
+func awaitLaunch(p *process) ([]string, error) {
+	type launch struct {
+		args []string
+		err  error
+	}
+	got := make(chan launch, 1)
+	go func() {
+		args, err := shimv1.AwaitLaunch()
+		got <- launch{args, err}
+	}()
+	select {
+	case l := <-got:
+		return l.args, l.err
+	case <-p.sigterm:
+		return nil, nil
+	}
 }

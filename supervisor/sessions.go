@@ -495,6 +495,8 @@ func (s *Supervisor) startRun(wait context.Context, ss *sessionState, rec *sessi
 	if waited {
 		st.Done("wait for a start slot")
 	}
+	// The next spare starts once this session wrote, not beside its start.
+	defer s.afterFirstOutput(ss.dir, func() { s.fillSpare(rec.Strategy) })
 	conn, boot, err := s.launchShim(s.ctx, ss.dir, rec, st)
 	if err != nil {
 		return err
@@ -566,11 +568,17 @@ func (s *Supervisor) launchShim(ctx context.Context, dir session.Dir, rec *sessi
 	if rec.Warm {
 		timeout = warmBootstrapTimeout
 	}
-	boot, err := s.bootstrapShim(ctx, dir, rec.Strategy, rec.Run, socket, timeout)
+	// A warm build is ahead of any session: a spare is for the starts a
+	// session waits for.
+	boot, spared, err := s.bootstrapShim(ctx, dir, rec.Strategy, rec.Run, socket, timeout, !rec.Warm)
 	if err != nil {
 		return nil, nil, err
 	}
-	st.Done("shim")
+	if spared {
+		st.Done("spare shim")
+	} else {
+		st.Done("shim")
+	}
 	conn, err := dialShim(ctx, boot, dialTimeout)
 	if err == nil {
 		st.Done("dial")

@@ -94,28 +94,42 @@ func (s *Supervisor) shimFor(n strategy.Name) (string, error) {
 	return s.opts.VMShimBinary, nil
 }
 
+// fillSpare starts the spare shim of strategy n's binary, unless there is
+// one (sparePool.fill).
+func (s *Supervisor) fillSpare(n strategy.Name) {
+	if shim, err := s.shimFor(n); err == nil {
+		s.spares.fill(shim)
+	}
+}
+
 // bootstrapShim starts the strategy's shim for a session run, listening on
 // socket, and returns its bootstrap.json once it is ready (shimv1.Launch:
-// a shim that is not ready within timeout, or when ctx ends, is killed).
-func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string, timeout time.Duration) (*session.Bootstrap, error) {
+// a shim that is not ready within timeout, or when ctx ends, is killed),
+// and whether it was a spare: with spare, the binary's spare shim is
+// handed the run when there is one.
+func (s *Supervisor) bootstrapShim(ctx context.Context, dir session.Dir, n strategy.Name, run uint32, socket string, timeout time.Duration, spare bool) (*session.Bootstrap, bool, error) {
 	shim, err := s.shimFor(n)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	var sp *shimv1.Spare
+	if spare {
+		sp = s.spares.take(shim)
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("not ready after %v", timeout))
 	defer cancel()
-	ready, err := shimv1.Launch(ctx, shim, string(dir), socket)
+	ready, err := shimv1.Launch(ctx, shim, string(dir), socket, sp)
 	if err != nil {
-		return nil, fmt.Errorf("start shim: %w", err)
+		return nil, false, fmt.Errorf("start shim: %w", err)
 	}
 	// bootstrap.json is the shim's own record; read it for the start time.
 	boot, err := dir.ReadBootstrap()
 	if err != nil || boot == nil || boot.PID != ready.PID || boot.Run != run {
 		procstat.Kill(ready.PID, ready.StartTime, killWait)
 		os.Remove(socket)
-		return nil, fmt.Errorf("start shim: bootstrap.json does not name the shim (pid %d): %v", ready.PID, err)
+		return nil, false, fmt.Errorf("start shim: bootstrap.json does not name the shim (pid %d): %v", ready.PID, err)
 	}
-	return boot, nil
+	return boot, ready.Spare, nil
 }
 
 // stopShim kills the shim of boot, once it is still that process, and

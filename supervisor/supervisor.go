@@ -92,8 +92,9 @@ type Supervisor struct {
 	// session, or a resume): an agent is not removed while one is.
 	starting map[string]int
 
-	warm *warmPool  // the agents' warm boundaries
-	gate *startGate // the cold starts in flight, per strategy
+	warm   *warmPool  // the agents' warm boundaries
+	spares *sparePool // a spare shim per shim binary, for cold starts
+	gate   *startGate // the cold starts in flight, per strategy
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the
@@ -135,6 +136,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		sessions:  map[string]*sessionState{},
 		starting:  map[string]int{},
 		warm:      newWarmPool(),
+		spares:    newSparePool(log),
 		gate:      newStartGate(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -284,6 +286,11 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ctx, guarded) }()
 	os.Remove(s.layout.StartupFailurePath())
+	for _, r := range s.probes {
+		if r.Available {
+			s.fillSpare(r.Name)
+		}
+	}
 	for _, a := range s.listAgents() {
 		if warmable(a) {
 			s.fillWarm(a.ID)
@@ -323,6 +330,7 @@ func (s *Supervisor) serve(ctx context.Context) (*Handover, error) {
 func (s *Supervisor) close() {
 	s.cancel()
 	s.closeWarm()
+	s.spares.close()
 	s.mu.Lock()
 	for _, ss := range s.sessions {
 		ss.detach()

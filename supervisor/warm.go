@@ -125,20 +125,27 @@ func (s *Supervisor) fillWarm(agentID string) {
 }
 
 // refillWait bounds how long a refill waits for the first output of the
-// session that claimed a warm boundary.
+// session that took what it replaces.
 const refillWait = time.Second
 
 // refillWarm refills the agent's warm boundaries: at once when a start
-// claimed none (claimed nil), else once the claiming session's output log
-// has its first byte, or after refillWait. The first moments of a claimed
-// session are what its user waits for, and a build (a VM's boot takes a
-// core for seconds) would slow them.
+// claimed none (claimed nil), else after the claiming session's first
+// output (afterFirstOutput).
 func (s *Supervisor) refillWarm(agentID string, claimed *warmShim) {
 	if claimed == nil {
 		s.fillWarm(agentID)
 		return
 	}
-	firstOutput := claimed.dir.OutputPath()
+	s.afterFirstOutput(claimed.dir, func() { s.fillWarm(agentID) })
+}
+
+// afterFirstOutput runs fill once the output log in dir has its first byte
+// (or is gone), or after refillWait. The first moments of a session that
+// took a warm boundary or a spare shim are what its user waits for, and
+// the refill (a process start; a VM's boot takes a core for seconds) would
+// slow them.
+func (s *Supervisor) afterFirstOutput(dir session.Dir, fill func()) {
+	firstOutput := dir.OutputPath()
 	go func() {
 		deadline := time.Now().Add(refillWait)
 		for time.Now().Before(deadline) && s.ctx.Err() == nil {
@@ -147,7 +154,7 @@ func (s *Supervisor) refillWarm(agentID string, claimed *warmShim) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		s.fillWarm(agentID)
+		fill()
 	}()
 }
 

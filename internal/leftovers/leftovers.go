@@ -39,6 +39,13 @@ func (p *Proc) Name() string {
 	return p.Comm
 }
 
+// Spare reports a spare shim that waits for a session
+// (shimv1.StartSpare): once handed one, its command line is its serve's.
+func (p *Proc) Spare() bool {
+	f := strings.Fields(p.Cmdline)
+	return len(f) == 2 && strings.HasPrefix(f[0], "agentconnect-shim") && f[1] == "spare"
+}
+
 // Dead reports a zombie or a dead task.
 func (p *Proc) Dead() bool { return p.State == 'Z' || p.State == 'X' }
 
@@ -122,7 +129,8 @@ func Descendants(children map[int][]int, root int, skip ...int) []int {
 // under this process's parent, the subreaper where shims are reparented
 // (the bench and the integration tests run under one), and any process
 // whose command line names home; not the daemon itself, this process or
-// what it runs (a CLI run). Zombies are left out: the subreaper reaps them.
+// what it runs (a CLI run), nor the daemon's spare shims, which are its own
+// and belong to no session. Zombies are left out: the subreaper reaps them.
 func Processes(daemon int, home string) []*Proc {
 	procs := ReadProcs()
 	children := ChildrenOf(procs)
@@ -143,7 +151,7 @@ func Processes(daemon int, home string) []*Proc {
 	}
 	var out []*Proc
 	for pid := range ours {
-		if p := procs[pid]; p != nil && !p.Dead() {
+		if p := procs[pid]; p != nil && !p.Dead() && !(daemon != 0 && p.PPID == daemon && p.Spare()) {
 			out = append(out, p)
 		}
 	}

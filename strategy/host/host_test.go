@@ -73,7 +73,7 @@ func startShimIn(t *testing.T, root string, edit func(*session.Spec), command ..
 		t.Fatal(err)
 	}
 	socket := filepath.Join(root, "shim.sock")
-	ready, err := shimv1.Launch(context.Background(), "/proc/self/exe", string(dir), socket)
+	ready, err := shimv1.Launch(context.Background(), "/proc/self/exe", string(dir), socket, nil)
 	if err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}

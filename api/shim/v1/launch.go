@@ -39,7 +39,12 @@ const (
 // nearest subreaper, or init) and lives on. (Until 2026-12 a bootstrap
 // process, `agentconnect-shim start`, forked the shim and exited, as
 // containerd's shim v2 does: its Go start cost ~2 ms of every start.)
-func Launch(ctx context.Context, binary, dir, socket string) (_ Ready, retErr error) {
+//
+// A spare of binary (StartSpare), when there is one, is handed the session
+// instead of a new process being started; one that cannot take it (it
+// exited, its binary was replaced) is discarded and a new process starts
+// as without it. Ready.Spare says which it was.
+func Launch(ctx context.Context, binary, dir, socket string, spare *Spare) (_ Ready, retErr error) {
 	os.Remove(socket) // a leftover of a shim that died; a live one has its own run number
 	l, err := net.Listen("unix", socket)
 	if err != nil {
@@ -80,15 +85,12 @@ func Launch(ctx context.Context, binary, dir, socket string) (_ Ready, retErr er
 	files := make([]*os.File, FDReady+1)
 	files[0], files[1], files[2] = devnull, logFile, logFile
 	files[FDListener], files[FDReady] = lf, readyW
-	p, err := os.StartProcess(binary, []string{filepath.Base(binary), "serve", "--session-dir", dir, "--socket", socket},
-		&os.ProcAttr{Env: []string{"PATH=" + os.Getenv("PATH")}, Files: files, Sys: &syscall.SysProcAttr{Setsid: true}})
+	args := []string{filepath.Base(binary), "serve", "--session-dir", dir, "--socket", socket}
+	pid, gone, spared, err := startShim(binary, args, files, spare)
 	readyW.Close()
 	if err != nil {
-		return Ready{}, fmt.Errorf("start shim: %w", err)
+		return Ready{}, err
 	}
-	pid := p.Pid
-	p.Release() // this process reaps it, not os.Process
-	gone := Reap(pid)
 
 	stop := context.AfterFunc(ctx, func() { readyR.SetReadDeadline(aLongTimeAgo) })
 	defer stop()
@@ -107,8 +109,28 @@ func Launch(ctx context.Context, binary, dir, socket string) (_ Ready, retErr er
 		<-gone
 		return Ready{}, err
 	}
-	ready.Address = socket
+	ready.Address, ready.Spare = socket, spared
 	return ready, nil
+}
+
+// startShim hands args and files to spare when it can take them, and
+// otherwise starts binary with them. It returns the shim's pid, the
+// channel Reap closes once it is reaped, and whether it was the spare.
+func startShim(binary string, args []string, files []*os.File, spare *Spare) (int, <-chan struct{}, bool, error) {
+	if spare != nil {
+		if spare.Binary == binary && spare.Usable() && spare.hand(args, files) == nil {
+			return spare.PID, spare.gone, true, nil
+		}
+		spare.Discard()
+	}
+	p, err := os.StartProcess(binary, args,
+		&os.ProcAttr{Env: []string{"PATH=" + os.Getenv("PATH")}, Files: files, Sys: &syscall.SysProcAttr{Setsid: true}})
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("start shim: %w", err)
+	}
+	pid := p.Pid
+	p.Release() // this process reaps it, not os.Process
+	return pid, Reap(pid), false, nil
 }
 
 // aLongTimeAgo is a deadline that has passed: it ends a read at once.

@@ -65,7 +65,7 @@ func TestLaunchReady(t *testing.T) {
 echo "{\"pid\":$$,\"startTime\":7}" >&4
 exec sleep 60`)
 	socket := filepath.Join(dir, "shim.sock")
-	ready, err := Launch(context.Background(), bin, dir, socket)
+	ready, err := Launch(context.Background(), bin, dir, socket, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestLaunchNotReady(t *testing.T) {
 				ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("not ready after %v", c.timeout))
 				defer cancel()
 			}
-			_, err := Launch(ctx, bin, dir, socket)
+			_, err := Launch(ctx, bin, dir, socket, nil)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Launch = %v, want an error with %q", err, c.want)
 			}
@@ -130,7 +130,7 @@ func TestLaunchNotReady(t *testing.T) {
 func TestLaunchMissingBinary(t *testing.T) {
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "shim.sock")
-	_, err := Launch(context.Background(), filepath.Join(dir, "no-such-shim"), dir, socket)
+	_, err := Launch(context.Background(), filepath.Join(dir, "no-such-shim"), dir, socket, nil)
 	if err == nil || !strings.Contains(err.Error(), "no-such-shim") {
 		t.Errorf("Launch = %v, want an error naming the binary", err)
 	}

@@ -23,4 +23,7 @@ type Ready struct {
 	// StartTime identifies the shim process with PID (procstat).
 	StartTime uint64 `json:"startTime"`
 	Error     string `json:"error,omitempty"`
+	// Spare is Launch's: the shim was a spare (StartSpare), not a process
+	// started for the session.
+	Spare bool `json:"-"`
 }
