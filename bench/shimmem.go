@@ -13,6 +13,7 @@ import (
 	"time"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
 const shimIdle = 2 * time.Second
@@ -80,6 +81,18 @@ func benchShimMemory(ctx context.Context, d *daemon, c counts, rep *report) erro
 	if st, err := a.Status(ctx, &adminv1.StatusRequest{}); err == nil {
 		if roll, err := readSmapsRollup(int(st.Pid)); err == nil {
 			rep.add(m, "supervisor RSS", float64(roll["Rss"])/mib, "MiB", 0, fmt.Sprintf("the daemon, with %d sessions", st.Sessions))
+		}
+		var spRSS, spPSS samples // kB
+		for _, p := range leftovers.ReadProcs() {
+			if p.PPID == int(st.Pid) && p.Spare() {
+				if roll, err := readSmapsRollup(p.PID); err == nil {
+					spRSS = append(spRSS, float64(roll["Rss"]))
+					spPSS = append(spPSS, float64(roll["Pss"]))
+				}
+			}
+		}
+		if len(spRSS) > 0 {
+			rep.add(m, "spare shim RSS / PSS", spRSS.mean()/mib, "MiB", 0, fmt.Sprintf("%d spares waiting beside the daemon for cold starts; PSS %.2f MiB each", len(spRSS), spPSS.mean()/mib))
 		}
 	}
 
