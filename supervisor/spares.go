@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -12,11 +13,14 @@ import (
 // the available strategies' cold starts launch: a start hands its session
 // to a spare instead of waiting for a process and its Go runtime to start,
 // and the pool starts the next spare once that session wrote its first
-// output (so the two do not share the CPU). A spare holds nothing of any agent or session; it
-// exits when the supervisor does (its pair closes), so a restart or a crash
-// leaves none behind.
+// output and no start has been in flight for spareQuiet (so a spare's start
+// never shares the CPU with a start). A spare holds nothing of any agent or
+// session; it exits when the supervisor does (its pair closes), so a
+// restart or a crash leaves none behind.
 type sparePool struct {
-	log *logrus.Logger
+	log   *logrus.Logger
+	quiet func(time.Duration) bool // no start in flight for that long
+	stop  chan struct{}            // closed by close
 
 	mu       sync.Mutex
 	ready    map[string][]*shimv1.Spare // by binary, oldest first
@@ -32,8 +36,23 @@ type sparePool struct {
 // A spare costs ~1.7 MiB PSS (the idle shim's).
 const sparesPerShim = 2
 
-func newSparePool(log *logrus.Logger) *sparePool {
-	return &sparePool{log: log, ready: map[string][]*shimv1.Spare{}, starting: map[string]bool{}}
+// spareQuiet is how long no start must have been in flight before a spare
+// starts. Starts one right after another (a loop of `exec`, the bench's
+// admin loop) have gaps of a few milliseconds between them: a spare started
+// in one shared the two CPUs with the next start, whose sandbox step took
+// 24 ms instead of 9 (spares by then all taken, so the loop gained
+// nothing). Such a loop gets the shims it launches itself, as without
+// spares; starts with pauses between them (a user's) get spares.
+const spareQuiet = 25 * time.Millisecond
+
+// spareQuietPoll is how often a filler looks whether starts are quiet.
+const spareQuietPoll = 5 * time.Millisecond
+
+func newSparePool(log *logrus.Logger, quiet func(time.Duration) bool) *sparePool {
+	return &sparePool{
+		log: log, quiet: quiet, stop: make(chan struct{}),
+		ready: map[string][]*shimv1.Spare{}, starting: map[string]bool{},
+	}
 }
 
 // take returns binary's oldest spare, or nil when there is none; fill
@@ -64,6 +83,12 @@ func (p *sparePool) fill(binary string) {
 	go func() {
 		defer p.fillers.Done()
 		for {
+			if !p.waitQuiet() {
+				p.mu.Lock()
+				delete(p.starting, binary)
+				p.mu.Unlock()
+				return
+			}
 			sp, err := shimv1.StartSpare(binary)
 			p.mu.Lock()
 			keep := err == nil && !p.closed
@@ -87,10 +112,28 @@ func (p *sparePool) fill(binary string) {
 	}()
 }
 
+// waitQuiet returns true once no start has been in flight for spareQuiet,
+// false if the pool closes first.
+func (p *sparePool) waitQuiet() bool {
+	t := time.NewTicker(spareQuietPoll)
+	defer t.Stop()
+	for !p.quiet(spareQuiet) {
+		select {
+		case <-p.stop:
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
 // close discards every spare, and those still starting, and returns once
 // they are reaped.
 func (p *sparePool) close() {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.stop)
+	}
 	p.closed = true
 	ready := p.ready
 	p.ready = map[string][]*shimv1.Spare{}

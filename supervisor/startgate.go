@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
+	"time"
 
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
 	"github.com/agentconnect-md/agentconnect/strategy"
@@ -23,6 +25,9 @@ const startsPerCPU = 4
 // of milliseconds.
 type startGate struct {
 	slots map[strategy.Name]chan struct{}
+
+	inFlight atomic.Int32 // slots taken, every strategy
+	lastEnd  atomic.Int64 // when a slot was last given back, Unix ns
 }
 
 func newStartGate() *startGate {
@@ -45,15 +50,31 @@ func (g *startGate) acquire(caller, stop context.Context, name strategy.Name) (r
 	}
 	select {
 	case slots <- struct{}{}:
-		return func() { <-slots }, false, nil
+		return g.taken(slots), false, nil
 	default:
 	}
 	select {
 	case slots <- struct{}{}:
-		return func() { <-slots }, true, nil
+		return g.taken(slots), true, nil
 	case <-caller.Done():
 		return nil, true, fmt.Errorf("waiting for one of the %d %s starts in flight to end: %w", cap(slots), name, context.Cause(caller))
 	case <-stop.Done():
 		return nil, true, errdefs.Unavailable("the daemon is stopping: start the session again once it runs")
 	}
+}
+
+// taken counts a slot just taken of slots, and returns what gives it back.
+func (g *startGate) taken(slots chan struct{}) func() {
+	g.inFlight.Add(1)
+	return func() {
+		g.lastEnd.Store(time.Now().UnixNano())
+		g.inFlight.Add(-1)
+		<-slots
+	}
+}
+
+// quiet reports whether no start has been in flight, of any strategy, for
+// at least d.
+func (g *startGate) quiet(d time.Duration) bool {
+	return g.inFlight.Load() == 0 && time.Since(time.Unix(0, g.lastEnd.Load())) >= d
 }

@@ -24,6 +24,9 @@ func TestStartGate(t *testing.T) {
 	if n != startsPerCPU*runtime.NumCPU() {
 		t.Fatalf("srt has %d start slots, want %d per CPU", n, startsPerCPU)
 	}
+	if !g.quiet(time.Hour) {
+		t.Fatal("a gate no start ever took is not quiet")
+	}
 	var releases []func()
 	for i := 0; i < n; i++ {
 		release, waited, err := g.acquire(bg, bg, strategy.SRT)
@@ -31,6 +34,10 @@ func TestStartGate(t *testing.T) {
 			t.Fatalf("slot %d of %d: waited %v, %v", i+1, n, waited, err)
 		}
 		releases = append(releases, release)
+	}
+
+	if g.quiet(0) {
+		t.Fatal("quiet while starts are in flight")
 	}
 
 	// Full: a caller that gives up gets an error that says why.
@@ -78,6 +85,10 @@ func TestStartGate(t *testing.T) {
 	}
 	if len(g.slots[strategy.SRT]) != 0 {
 		t.Errorf("%d slots still taken after every start released its own", len(g.slots[strategy.SRT]))
+	}
+	// Quiet counts from the last start's end (spares wait for it).
+	if !g.quiet(0) || g.quiet(time.Hour) {
+		t.Errorf("after the last start ended: quiet(0) %v, quiet(1h) %v; want true, false", g.quiet(0), g.quiet(time.Hour))
 	}
 }
 

@@ -136,9 +136,9 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		sessions:  map[string]*sessionState{},
 		starting:  map[string]int{},
 		warm:      newWarmPool(),
-		spares:    newSparePool(log),
 		gate:      newStartGate(),
 	}
+	s.spares = newSparePool(log, s.gate.quiet)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if retErr != nil {
