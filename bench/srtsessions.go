@@ -9,6 +9,7 @@ import (
 	"time"
 
 	adminv1 "github.com/agentconnect-md/agentconnect/api/admin/v1"
+	shimv1 "github.com/agentconnect-md/agentconnect/api/shim/v1"
 	"github.com/agentconnect-md/agentconnect/internal/leftovers"
 )
 
@@ -139,12 +140,15 @@ func benchSrtConcurrent(ctx context.Context, d *daemon, c counts, rep *report) e
 	}
 	defer a.Close()
 
-	// Start all at once.
+	// Start all at once. Each call waits as long as the daemon bounds a
+	// start (the CLI waits longer still): the last of 500 waits most of the
+	// whole batch for a start slot, and on 2 cores the batch took 47-60 s:
+	// a 60 s bound failed starts the daemon would have made.
 	sessions := make([]*adminv1.Session, n)
 	startErrs := make([]error, n)
 	t0 := time.Now()
 	parallel(n, n, func(i int) {
-		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, shimv1.StartTimeout)
 		defer cancel()
 		sessions[i], startErrs[i] = a.StartSession(sctx, &adminv1.StartSessionRequest{Agent: srtAgent, Command: sleepCommand})
 	})

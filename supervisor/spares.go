@@ -13,14 +13,14 @@ import (
 // the available strategies' cold starts launch: a start hands its session
 // to a spare instead of waiting for a process and its Go runtime to start,
 // and the pool starts the next spare once that session wrote its first
-// output and no start has been in flight for spareQuiet (so a spare's start
-// never shares the CPU with a start). A spare holds nothing of any agent or
-// session; it exits when the supervisor does (its pair closes), so a
-// restart or a crash leaves none behind.
+// output, and no srt start has been in flight for spareQuiet (quiet). A
+// spare holds nothing of any agent or session; it exits when the
+// supervisor does (its pair closes), so a restart or a crash leaves none
+// behind.
 type sparePool struct {
 	log   *logrus.Logger
-	quiet func(time.Duration) bool // no start in flight for that long
-	stop  chan struct{}            // closed by close
+	quiet func() bool   // no srt start in flight for spareQuiet
+	stop  chan struct{} // closed by close
 
 	mu       sync.Mutex
 	ready    map[string][]*shimv1.Spare // by binary, oldest first
@@ -36,19 +36,20 @@ type sparePool struct {
 // A spare costs ~1.7 MiB PSS (the idle shim's).
 const sparesPerShim = 2
 
-// spareQuiet is how long no start must have been in flight before a spare
-// starts. Starts one right after another (a loop of `exec`, the bench's
-// admin loop) have gaps of a few milliseconds between them: a spare started
-// in one shared the two CPUs with the next start, whose sandbox step took
-// 24 ms instead of 9 (spares by then all taken, so the loop gained
-// nothing). Such a loop gets the shims it launches itself, as without
-// spares; starts with pauses between them (a user's) get spares.
+// spareQuiet is how long no srt start must have been in flight before a
+// spare starts. A process start beside an srt start slows its sandbox
+// build more than a spare saves: in a loop of back-to-back srt starts (a
+// few milliseconds apart), a spare started between two made the next
+// one's boundary step take 24 ms instead of 9. Such a loop launches its
+// own shims, as without spares. A host start loses nothing to it (in the
+// same kind of loop its first output came at 12 ms with spares refilled
+// between starts, 22 ms without), and a VM's boot takes seconds.
 const spareQuiet = 25 * time.Millisecond
 
 // spareQuietPoll is how often a filler looks whether starts are quiet.
 const spareQuietPoll = 5 * time.Millisecond
 
-func newSparePool(log *logrus.Logger, quiet func(time.Duration) bool) *sparePool {
+func newSparePool(log *logrus.Logger, quiet func() bool) *sparePool {
 	return &sparePool{
 		log: log, quiet: quiet, stop: make(chan struct{}),
 		ready: map[string][]*shimv1.Spare{}, starting: map[string]bool{},
@@ -112,12 +113,12 @@ func (p *sparePool) fill(binary string) {
 	}()
 }
 
-// waitQuiet returns true once no start has been in flight for spareQuiet,
-// false if the pool closes first.
+// waitQuiet returns true once quiet says so, false if the pool closes
+// first.
 func (p *sparePool) waitQuiet() bool {
 	t := time.NewTicker(spareQuietPoll)
 	defer t.Stop()
-	for !p.quiet(spareQuiet) {
+	for !p.quiet() {
 		select {
 		case <-p.stop:
 			return false

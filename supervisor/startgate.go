@@ -24,17 +24,16 @@ const startsPerCPU = 4
 // never wait for another's: a VM's boot takes seconds, an srt start tens
 // of milliseconds.
 type startGate struct {
-	slots map[strategy.Name]chan struct{}
-
-	inFlight atomic.Int32 // slots taken, every strategy
-	lastEnd  atomic.Int64 // when a slot was last given back, Unix ns
+	slots   map[strategy.Name]chan struct{}
+	lastEnd map[strategy.Name]*atomic.Int64 // when a slot was last given back, Unix ns
 }
 
 func newStartGate() *startGate {
 	n := startsPerCPU * runtime.NumCPU()
-	g := &startGate{slots: map[strategy.Name]chan struct{}{}}
+	g := &startGate{slots: map[strategy.Name]chan struct{}{}, lastEnd: map[strategy.Name]*atomic.Int64{}}
 	for _, name := range strategy.All {
 		g.slots[name] = make(chan struct{}, n)
+		g.lastEnd[name] = new(atomic.Int64)
 	}
 	return g
 }
@@ -50,12 +49,12 @@ func (g *startGate) acquire(caller, stop context.Context, name strategy.Name) (r
 	}
 	select {
 	case slots <- struct{}{}:
-		return g.taken(slots), false, nil
+		return g.taken(name), false, nil
 	default:
 	}
 	select {
 	case slots <- struct{}{}:
-		return g.taken(slots), true, nil
+		return g.taken(name), true, nil
 	case <-caller.Done():
 		return nil, true, fmt.Errorf("waiting for one of the %d %s starts in flight to end: %w", cap(slots), name, context.Cause(caller))
 	case <-stop.Done():
@@ -63,18 +62,17 @@ func (g *startGate) acquire(caller, stop context.Context, name strategy.Name) (r
 	}
 }
 
-// taken counts a slot just taken of slots, and returns what gives it back.
-func (g *startGate) taken(slots chan struct{}) func() {
-	g.inFlight.Add(1)
+// taken returns what gives back the slot of name just taken.
+func (g *startGate) taken(name strategy.Name) func() {
 	return func() {
-		g.lastEnd.Store(time.Now().UnixNano())
-		g.inFlight.Add(-1)
-		<-slots
+		g.lastEnd[name].Store(time.Now().UnixNano())
+		<-g.slots[name]
 	}
 }
 
-// quiet reports whether no start has been in flight, of any strategy, for
-// at least d.
-func (g *startGate) quiet(d time.Duration) bool {
-	return g.inFlight.Load() == 0 && time.Since(time.Unix(0, g.lastEnd.Load())) >= d
+// quiet reports whether no start of name has been in flight for at least
+// d; a name without slots always is.
+func (g *startGate) quiet(name strategy.Name, d time.Duration) bool {
+	end := g.lastEnd[name]
+	return end == nil || len(g.slots[name]) == 0 && time.Since(time.Unix(0, end.Load())) >= d
 }

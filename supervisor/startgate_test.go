@@ -24,7 +24,7 @@ func TestStartGate(t *testing.T) {
 	if n != startsPerCPU*runtime.NumCPU() {
 		t.Fatalf("srt has %d start slots, want %d per CPU", n, startsPerCPU)
 	}
-	if !g.quiet(time.Hour) {
+	if !g.quiet(strategy.SRT, time.Hour) {
 		t.Fatal("a gate no start ever took is not quiet")
 	}
 	var releases []func()
@@ -36,8 +36,11 @@ func TestStartGate(t *testing.T) {
 		releases = append(releases, release)
 	}
 
-	if g.quiet(0) {
+	if g.quiet(strategy.SRT, 0) {
 		t.Fatal("quiet while starts are in flight")
+	}
+	if !g.quiet(strategy.Host, time.Hour) {
+		t.Fatal("host's starts are not quiet while only srt's are in flight")
 	}
 
 	// Full: a caller that gives up gets an error that says why.
@@ -87,8 +90,8 @@ func TestStartGate(t *testing.T) {
 		t.Errorf("%d slots still taken after every start released its own", len(g.slots[strategy.SRT]))
 	}
 	// Quiet counts from the last start's end (spares wait for it).
-	if !g.quiet(0) || g.quiet(time.Hour) {
-		t.Errorf("after the last start ended: quiet(0) %v, quiet(1h) %v; want true, false", g.quiet(0), g.quiet(time.Hour))
+	if !g.quiet(strategy.SRT, 0) || g.quiet(strategy.SRT, time.Hour) {
+		t.Errorf("after the last start ended: quiet(0) %v, quiet(1h) %v; want true, false", g.quiet(strategy.SRT, 0), g.quiet(strategy.SRT, time.Hour))
 	}
 }
 

@@ -138,7 +138,7 @@ func newSupervisor(opts Options) (_ *Supervisor, retErr error) {
 		warm:      newWarmPool(),
 		gate:      newStartGate(),
 	}
-	s.spares = newSparePool(log, s.gate.quiet)
+	s.spares = newSparePool(log, func() bool { return s.gate.quiet(strategy.SRT, spareQuiet) })
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if retErr != nil {
