@@ -292,6 +292,35 @@ func TestEnsureRepository(t *testing.T) {
 	}
 }
 
+// A root that holds a workspace with no repository (a read-write mount of
+// its parent, listed first) protects the repository the start makes there:
+// it is made before any root is scanned.
+func TestPrepareRootHoldingANewRepository(t *testing.T) {
+	outer := t.TempDir()
+	ws := filepath.Join(outer, "proj")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ledger := filepath.Join(t.TempDir(), "ledger.json")
+	p, err := Prepare(ledger, []Root{
+		{Host: outer, Dir: openDir(t, outer), Target: "/mnt"},
+		{Host: ws, Dir: openDir(t, ws), Target: "/workspace", Workspace: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	ro, _ := binds(p)
+	for _, target := range []string{"/mnt/proj/.git/hooks", "/mnt/proj/.git/config", "/workspace/.git/hooks"} {
+		if !ro[target] {
+			t.Errorf("%s is not bound read-only (binds %v)", target, ro)
+		}
+	}
+	if want := []string{filepath.Join(ws, ".git"), filepath.Join(ws, ".git")}; strings.Join(p.GitDirs, " ") != strings.Join(want, " ") {
+		t.Errorf("GitDirs = %q, want %q (the repository, once from each root)", p.GitDirs, want)
+	}
+}
+
 func TestOpenPathRefusesSymlinks(t *testing.T) {
 	agent := t.TempDir()
 	outside := t.TempDir()
