@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
@@ -46,9 +48,9 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mo
 	if s.opts.VMImageBinary == "" {
 		return nil, errdefs.FailedPrecondition("agentconnect-vmimage, which prepares microsandbox's guest images, is not installed beside agentconnect (make install)")
 	}
-	var img helper.ImageResponse
 	req := helper.ImageRequest{ImageDir: s.opts.ImageDir, ImagesDir: s.layout.ImagesDir(), Ref: settings.Image}
-	if err := helper.Call(s.ctx, s.opts.VMImageBinary, "image", req, &img, s.log.Infof); err != nil {
+	img, err := s.images.answer(s.ctx, s.opts.VMImageBinary, req, s.log.Infof)
+	if err != nil {
 		return nil, fmt.Errorf("prepare the guest image: %w", err)
 	}
 	if img.Error != "" {
@@ -72,6 +74,44 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mo
 	}
 	vm.CredentialLayout = credentialLayout(a)
 	return vm, nil
+}
+
+// imageAnswers keeps agentconnect-vmimage's last answer that says what it
+// was read from (the default image's files), and gives it again while the
+// request, the helper's binary and each of those files are the same
+// versions: the helper is a process start (~15 ms on a slow host) on every
+// VM start's path, a warm claim's too. Errors are never kept: a start after
+// `make image` sees the image.
+type imageAnswers struct {
+	mu     sync.Mutex
+	req    helper.ImageRequest
+	binary helper.FileID
+	resp   helper.ImageResponse // with Inputs; the zero value keeps nothing
+}
+
+func (c *imageAnswers) answer(ctx context.Context, binary string, req helper.ImageRequest, logf func(string, ...any)) (helper.ImageResponse, error) {
+	bin, berr := helper.Identify(binary)
+	c.mu.Lock()
+	kept := c.resp
+	if berr != nil || c.req != req || c.binary != bin || len(kept.Inputs) == 0 {
+		kept = helper.ImageResponse{}
+	}
+	c.mu.Unlock()
+	if len(kept.Inputs) > 0 && helper.Unchanged(kept.Inputs) {
+		return kept, nil
+	}
+	var resp helper.ImageResponse
+	if err := helper.Call(ctx, binary, "image", req, &resp, logf); err != nil {
+		return helper.ImageResponse{}, err
+	}
+	// The binary's version from before the call: one replaced meanwhile
+	// does not match it next time.
+	if resp.Error == "" && len(resp.Inputs) > 0 && berr == nil {
+		c.mu.Lock()
+		c.req, c.binary, c.resp = req, bin, resp
+		c.mu.Unlock()
+	}
+	return resp, nil
 }
 
 // imageHas reports whether the image holds, at target, the tree of a known

@@ -92,9 +92,10 @@ type Supervisor struct {
 	// session, or a resume): an agent is not removed while one is.
 	starting map[string]int
 
-	warm   *warmPool  // the agents' warm boundaries
-	spares *sparePool // a spare shim per shim binary, for cold starts
-	gate   *startGate // the cold starts in flight, per strategy
+	images imageAnswers // the guest image the VM starts use
+	warm   *warmPool    // the agents' warm boundaries
+	spares *sparePool   // a spare shim per shim binary, for cold starts
+	gate   *startGate   // the cold starts in flight, per strategy
 }
 
 // ErrRestart is the cause to cancel Run's context with to restart the

@@ -57,11 +57,17 @@ var sha256Digest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 const buildHint = "build it with `make image` (as root), or install it with `make install`"
 
+// DefaultFiles are the files Default reads in dir: image.json, vmlinuz,
+// initrd.img and rootfs.img, in that order.
+func DefaultFiles(dir string) []string {
+	return []string{filepath.Join(dir, "image.json"), filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(dir, "rootfs.img")}
+}
+
 // Default reads the default image from dir (image.json, vmlinuz, initrd.img,
 // rootfs.img). A missing or incomplete image is an error that says how to
 // build or install it.
 func Default(dir string) (*Image, error) {
-	manifestPath := filepath.Join(dir, "image.json")
+	manifestPath := DefaultFiles(dir)[0]
 	b, err := os.ReadFile(manifestPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errdefs.FailedPrecondition("no default guest image in %s (%s is missing, so it was never built or its build did not finish): %s", dir, manifestPath, buildHint)
@@ -76,10 +82,11 @@ func Default(dir string) (*Image, error) {
 	if !sha256Digest.MatchString(m.RootfsDigest) {
 		return nil, errdefs.FailedPrecondition("default guest image: %s has no rootfsDigest \"sha256:<64 hex>\" (got %q): %s", manifestPath, m.RootfsDigest, buildHint)
 	}
+	files := DefaultFiles(dir)
 	img := &Image{
-		Kernel:   filepath.Join(dir, "vmlinuz"),
-		Initrd:   filepath.Join(dir, "initrd.img"),
-		Rootfs:   filepath.Join(dir, "rootfs.img"),
+		Kernel:   files[1],
+		Initrd:   files[2],
+		Rootfs:   files[3],
 		Digest:   m.RootfsDigest,
 		Ref:      DefaultRef,
 		Runtimes: m.Runtimes,

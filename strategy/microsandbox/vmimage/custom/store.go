@@ -13,6 +13,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -285,6 +286,11 @@ func lockPath(ctx context.Context, path string, waiting func()) (unlock func(), 
 func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 	logf := log.New(stderr, "", 0).Printf
 	return helper.Serve(stdin, stdout, func(req helper.ImageRequest) helper.ImageResponse {
+		// The default image's answer is its files': their versions from
+		// before and after the read, when they agree, let the daemon keep
+		// it. A custom one is asked for each time (a tag can move).
+		files := vmimage.DefaultFiles(req.ImageDir)
+		before, berr := helper.IdentifyAll(files)
 		img, err := vmimage.Default(req.ImageDir)
 		if err == nil && req.Ref != "" {
 			store := &Store{Dir: req.ImagesDir, Base: img, Logf: logf}
@@ -293,6 +299,10 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 		if err != nil {
 			return helper.ImageResponse{Error: err.Error()}
 		}
-		return helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest, Runtimes: img.Runtimes}
+		resp := helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest, Runtimes: img.Runtimes}
+		if after, aerr := helper.IdentifyAll(files); req.Ref == "" && berr == nil && aerr == nil && slices.Equal(before, after) {
+			resp.Inputs = after
+		}
+		return resp
 	})
 }

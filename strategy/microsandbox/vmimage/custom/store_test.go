@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
 
@@ -580,5 +582,56 @@ func checkEmpty(t *testing.T, s *Store) {
 	t.Helper()
 	if entries, _ := os.ReadDir(s.Dir); len(entries) != 0 {
 		t.Errorf("left in the store's directory after a failure: %v", entries)
+	}
+}
+
+// The default image's answer names the files it was read from, as they
+// were, so that the daemon can keep it; a custom image's does not (a tag
+// can move), nor does an error.
+func TestImageMainInputs(t *testing.T) {
+	needTools(t)
+	dir := t.TempDir()
+	files := vmimage.DefaultFiles(dir)
+	os.WriteFile(files[0], []byte(`{"rootfsDigest": "sha256:`+strings.Repeat("c", 64)+`"}`), 0o644)
+	for _, f := range files[1:] {
+		os.WriteFile(f, []byte("x"), 0o644)
+	}
+	ask := func(req helper.ImageRequest) helper.ImageResponse {
+		t.Helper()
+		in, _ := json.Marshal(req)
+		var out, stderr bytes.Buffer
+		if err := ImageMain(bytes.NewReader(in), &out, &stderr); err != nil {
+			t.Fatalf("ImageMain(%+v): %v; %s", req, err, stderr.Bytes())
+		}
+		var resp helper.ImageResponse
+		if err := json.Unmarshal(out.Bytes(), &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := ask(helper.ImageRequest{ImageDir: dir, ImagesDir: filepath.Join(dir, "images")})
+	want, err := helper.IdentifyAll(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Error != "" || !reflect.DeepEqual(resp.Inputs, want) {
+		t.Errorf("default image: error %q, inputs %+v; want the four files %+v", resp.Error, resp.Inputs, want)
+	}
+
+	layoutDir := filepath.Join(t.TempDir(), "layout")
+	lp, err := layout.Write(layoutDir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(testImage(t, "amd64", "inputs")); err != nil {
+		t.Fatal(err)
+	}
+	resp = ask(helper.ImageRequest{ImageDir: dir, ImagesDir: filepath.Join(dir, "images"), Ref: "oci:" + layoutDir})
+	if resp.Error != "" || resp.Rootfs == "" || len(resp.Inputs) != 0 {
+		t.Errorf("custom image: error %q, rootfs %q, inputs %+v; want a root and no inputs", resp.Error, resp.Rootfs, resp.Inputs)
+	}
+	os.Remove(files[1])
+	if resp = ask(helper.ImageRequest{ImageDir: dir}); resp.Error == "" || len(resp.Inputs) != 0 {
+		t.Errorf("no kernel: error %q, inputs %+v; want an error and no inputs", resp.Error, resp.Inputs)
 	}
 }

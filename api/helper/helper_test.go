@@ -1,0 +1,55 @@
+package helper
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A file keeps its FileID until it is rewritten, replaced, touched or
+// removed.
+func TestIdentify(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	write := func(data string) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("one")
+	ids, err := IdentifyAll([]string{p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Unchanged(ids) {
+		t.Fatalf("an untouched file is changed: %+v", ids)
+	}
+	changes := []struct {
+		what string
+		do   func()
+	}{
+		{"rewritten longer", func() { write("one two") }},
+		{"touched", func() { os.Chtimes(p, time.Now(), time.Unix(1, 0)) }},
+		{"replaced by a rename", func() {
+			os.WriteFile(p+".new", []byte("one two"), 0o644)
+			os.Rename(p+".new", p)
+		}},
+		{"removed", func() { os.Remove(p) }},
+	}
+	for _, c := range changes {
+		c.do()
+		if Unchanged(ids) {
+			t.Errorf("%s: still unchanged", c.what)
+		}
+		if c.what != "removed" {
+			if ids, err = IdentifyAll([]string{p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := IdentifyAll([]string{p}); !os.IsNotExist(err) {
+		t.Errorf("IdentifyAll(a removed file) = %v, want not exist", err)
+	}
+}
