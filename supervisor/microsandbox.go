@@ -14,6 +14,7 @@ import (
 	"github.com/agentconnect-md/agentconnect/api/helper"
 	"github.com/agentconnect-md/agentconnect/api/session"
 	"github.com/agentconnect-md/agentconnect/internal/errdefs"
+	"github.com/agentconnect-md/agentconnect/internal/fileid"
 	"github.com/agentconnect-md/agentconnect/supervisor/agent"
 	"github.com/agentconnect-md/agentconnect/supervisor/runtimes"
 )
@@ -85,19 +86,17 @@ func (s *Supervisor) vmSpec(a agent.Agent, spec session.Spec, extra []session.Mo
 type imageAnswers struct {
 	mu     sync.Mutex
 	req    helper.ImageRequest
-	binary helper.FileID
+	binary fileid.ID
 	resp   helper.ImageResponse // with Inputs; the zero value keeps nothing
 }
 
 func (c *imageAnswers) answer(ctx context.Context, binary string, req helper.ImageRequest, logf func(string, ...any)) (helper.ImageResponse, error) {
-	bin, berr := helper.Identify(binary)
+	bin, berr := fileid.Of(binary)
 	c.mu.Lock()
 	kept := c.resp
-	if berr != nil || c.req != req || c.binary != bin || len(kept.Inputs) == 0 {
-		kept = helper.ImageResponse{}
-	}
+	hit := berr == nil && c.req == req && c.binary == bin && len(kept.Inputs) > 0
 	c.mu.Unlock()
-	if len(kept.Inputs) > 0 && helper.Unchanged(kept.Inputs) {
+	if hit && fileid.Unchanged(kept.Inputs...) {
 		return kept, nil
 	}
 	var resp helper.ImageResponse

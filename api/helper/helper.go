@@ -13,12 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 
 	"github.com/agentconnect-md/agentconnect/internal/config"
+	"github.com/agentconnect-md/agentconnect/internal/fileid"
 )
 
 // ProbeRequest asks whether microsandbox sessions can run here.
@@ -52,55 +51,9 @@ type ImageResponse struct {
 	Error    string            `json:"error,omitempty"`
 	// Inputs are the files the answer was read from, as they were while
 	// the helper read them: the same request has the same answer while
-	// each of them is still that version (Unchanged). Empty: it may not
-	// (a registry's tag can move), so the daemon asks each time.
-	Inputs []FileID `json:"inputs,omitempty"`
-}
-
-// FileID is one version of a file: its device, inode, size and change
-// times. A file that is replaced, rewritten or touched has another (a
-// rewrite of the same size within one tick of the kernel's file clock is
-// the exception, as for every stat-based cache).
-type FileID struct {
-	Path  string `json:"path"`
-	Dev   uint64 `json:"dev"`
-	Ino   uint64 `json:"ino"`
-	Size  int64  `json:"size"`
-	Mtime int64  `json:"mtime"` // ns
-	Ctime int64  `json:"ctime"` // ns
-}
-
-// Identify is path's FileID now.
-func Identify(path string) (FileID, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return FileID{}, &os.PathError{Op: "stat", Path: path, Err: err}
-	}
-	return FileID{Path: path, Dev: st.Dev, Ino: st.Ino, Size: st.Size,
-		Mtime: st.Mtim.Sec*1e9 + st.Mtim.Nsec, Ctime: st.Ctim.Sec*1e9 + st.Ctim.Nsec}, nil
-}
-
-// IdentifyAll is the FileID of each of paths, or the first error.
-func IdentifyAll(paths []string) ([]FileID, error) {
-	ids := make([]FileID, len(paths))
-	for i, p := range paths {
-		id, err := Identify(p)
-		if err != nil {
-			return nil, err
-		}
-		ids[i] = id
-	}
-	return ids, nil
-}
-
-// Unchanged reports whether every file of ids is still that version.
-func Unchanged(ids []FileID) bool {
-	for _, id := range ids {
-		if now, err := Identify(id.Path); err != nil || now != id {
-			return false
-		}
-	}
-	return true
+	// each of them is still that version (fileid.Unchanged). Empty: it may
+	// not (a registry's tag can move), so the daemon asks each time.
+	Inputs []fileid.ID `json:"inputs,omitempty"`
 }
 
 // maxAnswer bounds what a helper's answer may be.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/fileid"
 )
 
 // A spare shim is a shim binary started before its session: `BINARY spare`,
@@ -51,31 +53,15 @@ type Spare struct {
 	PID    int
 	// binary is Binary's identity when the spare started: a spare of a
 	// binary since replaced (an upgrade) is not handed a session.
-	binary fileID
+	binary fileid.ID
 	conn   *net.UnixConn
 	gone   <-chan struct{}
-}
-
-// fileID tells a file from the one that replaced it at its path.
-type fileID struct {
-	dev, ino uint64
-	size     int64
-	mtime    time.Time
-}
-
-func statID(path string) (fileID, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileID{}, err
-	}
-	st := fi.Sys().(*syscall.Stat_t)
-	return fileID{dev: st.Dev, ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 }
 
 // StartSpare starts a spare of binary. The caller reaps it (Reap runs from
 // here) and ends it with Discard, or hands it a session through Launch.
 func StartSpare(binary string) (_ *Spare, retErr error) {
-	id, err := statID(binary)
+	id, err := fileid.Of(binary)
 	if err != nil {
 		return nil, fmt.Errorf("start a spare shim: %w", err)
 	}
@@ -121,8 +107,7 @@ func (sp *Spare) Usable() bool {
 		return false
 	default:
 	}
-	id, err := statID(sp.Binary)
-	return err == nil && id == sp.binary
+	return fileid.Unchanged(sp.binary)
 }
 
 // Discard ends a spare that was not handed a session: its end of the pair

@@ -67,7 +67,8 @@ func DefaultFiles(dir string) []string {
 // rootfs.img). A missing or incomplete image is an error that says how to
 // build or install it.
 func Default(dir string) (*Image, error) {
-	manifestPath := DefaultFiles(dir)[0]
+	files := DefaultFiles(dir)
+	manifestPath := files[0]
 	b, err := os.ReadFile(manifestPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errdefs.FailedPrecondition("no default guest image in %s (%s is missing, so it was never built or its build did not finish): %s", dir, manifestPath, buildHint)
@@ -82,7 +83,6 @@ func Default(dir string) (*Image, error) {
 	if !sha256Digest.MatchString(m.RootfsDigest) {
 		return nil, errdefs.FailedPrecondition("default guest image: %s has no rootfsDigest \"sha256:<64 hex>\" (got %q): %s", manifestPath, m.RootfsDigest, buildHint)
 	}
-	files := DefaultFiles(dir)
 	img := &Image{
 		Kernel:   files[1],
 		Initrd:   files[2],

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentconnect-md/agentconnect/api/helper"
+	"github.com/agentconnect-md/agentconnect/internal/fileid"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
 
@@ -290,7 +291,7 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 		// before and after the read, when they agree, let the daemon keep
 		// it. A custom one is asked for each time (a tag can move).
 		files := vmimage.DefaultFiles(req.ImageDir)
-		before, berr := helper.IdentifyAll(files)
+		before, berr := fileid.All(files)
 		img, err := vmimage.Default(req.ImageDir)
 		if err == nil && req.Ref != "" {
 			store := &Store{Dir: req.ImagesDir, Base: img, Logf: logf}
@@ -300,8 +301,10 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 			return helper.ImageResponse{Error: err.Error()}
 		}
 		resp := helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest, Runtimes: img.Runtimes}
-		if after, aerr := helper.IdentifyAll(files); req.Ref == "" && berr == nil && aerr == nil && slices.Equal(before, after) {
-			resp.Inputs = after
+		if req.Ref == "" && berr == nil {
+			if after, err := fileid.All(files); err == nil && slices.Equal(before, after) {
+				resp.Inputs = after
+			}
 		}
 		return resp
 	})

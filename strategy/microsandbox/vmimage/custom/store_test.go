@@ -33,6 +33,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/agentconnect-md/agentconnect/api/helper"
+	"github.com/agentconnect-md/agentconnect/internal/fileid"
 	"github.com/agentconnect-md/agentconnect/strategy/microsandbox/vmimage"
 )
 
@@ -610,7 +611,7 @@ func TestImageMainInputs(t *testing.T) {
 		return resp
 	}
 	resp := ask(helper.ImageRequest{ImageDir: dir, ImagesDir: filepath.Join(dir, "images")})
-	want, err := helper.IdentifyAll(files)
+	want, err := fileid.All(files)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package helper
+package fileid
 
 import (
 	"os"
@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// A file keeps its FileID until it is rewritten, replaced, touched or
+// A file keeps its ID until it is rewritten, replaced, touched or
 // removed.
 func TestIdentify(t *testing.T) {
 	dir := t.TempDir()
@@ -19,11 +19,11 @@ func TestIdentify(t *testing.T) {
 		}
 	}
 	write("one")
-	ids, err := IdentifyAll([]string{p})
+	ids, err := All([]string{p})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !Unchanged(ids) {
+	if !Unchanged(ids...) {
 		t.Fatalf("an untouched file is changed: %+v", ids)
 	}
 	changes := []struct {
@@ -40,16 +40,16 @@ func TestIdentify(t *testing.T) {
 	}
 	for _, c := range changes {
 		c.do()
-		if Unchanged(ids) {
+		if Unchanged(ids...) {
 			t.Errorf("%s: still unchanged", c.what)
 		}
 		if c.what != "removed" {
-			if ids, err = IdentifyAll([]string{p}); err != nil {
+			if ids, err = All([]string{p}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if _, err := IdentifyAll([]string{p}); !os.IsNotExist(err) {
-		t.Errorf("IdentifyAll(a removed file) = %v, want not exist", err)
+	if _, err := All([]string{p}); !os.IsNotExist(err) {
+		t.Errorf("All(a removed file) = %v, want not exist", err)
 	}
 }
