@@ -120,6 +120,67 @@ func TestSaveOpenRemove(t *testing.T) {
 	}
 }
 
+// TestSaveLeavesZerosOut: a saved RAM file has the guest's bytes
+// everywhere and allocates only its pages that are not all zeros: a memfd
+// (the guest's RAM) with data, written zeros between data pages (a run of
+// them, one alone, and one page with a single byte set), and holes.
+func TestSaveLeavesZerosOut(t *testing.T) {
+	const size = 32 << 20
+	fd, err := unix.MemfdCreate("test-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram := os.NewFile(uintptr(fd), "test-ram")
+	defer ram.Close()
+	if err := ram.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	write := func(off int64, b []byte) {
+		t.Helper()
+		if _, err := ram.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, bytes.Repeat([]byte{1}, 4096))
+	write(4096, make([]byte, 64<<10)) // zeros, then data, zero, data
+	write(4096+64<<10, bytes.Repeat([]byte{2}, 4096))
+	write(8192+64<<10, make([]byte, 4096))
+	write(12288+64<<10, bytes.Repeat([]byte{3}, 4096))
+	write(8<<20, make([]byte, 1<<20)) // an extent of zeros only
+	one := make([]byte, 4096)
+	one[4095] = 4
+	write(16<<20, one)
+	write(size-4096, bytes.Repeat([]byte{5}, 4096))
+	if a := allocated(t, ram); a < 1<<20 {
+		t.Fatalf("the test's RAM allocates %d bytes; want its written zeros allocated", a)
+	}
+	st := Store{Dir: filepath.Join(t.TempDir(), "vm-snapshots")}
+	if err := st.Save("k", func(f *os.File) error { return nil }, ram); err != nil {
+		t.Fatal(err)
+	}
+	s, err := st.Open("k")
+	if err != nil || s == nil {
+		t.Fatalf("Open after Save = %v, %v", s, err)
+	}
+	defer s.Close()
+	want := make([]byte, size)
+	if _, err := ram.ReadAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(s.RAM.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the saved RAM's bytes differ from the guest's")
+	}
+	// Five pages of data, with some slack for the fs; the zeros alone are
+	// 1.1 MiB.
+	if a := allocated(t, s.RAM); a > 512<<10 {
+		t.Errorf("the saved RAM allocates %d bytes for 5 pages of data", a)
+	}
+}
+
 // TestSaveKeepsTheMostRecentlyUsed: beyond Keep, the least recently used
 // snapshot goes; an Open counts as a use.
 func TestSaveKeepsTheMostRecentlyUsed(t *testing.T) {
