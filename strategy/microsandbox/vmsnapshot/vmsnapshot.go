@@ -21,7 +21,7 @@ import (
 )
 
 // Keep bounds the snapshots kept: each is the RAM a booted guest touched
-// (~100 MiB at 512 MiB), and a new image or VM shape makes a new one; the
+// (~70 MiB at 512 MiB), and a new image or VM shape makes a new one; the
 // least recently used go first.
 const Keep = 4
 
