@@ -217,27 +217,11 @@ func copyNonZero(dst, src *os.File, size int64) error {
 		return fmt.Errorf("map %s: %w", src.Name(), err)
 	}
 	defer unix.Munmap(m)
-	in := int(src.Fd())
 	zero := func(off, end int64) bool {
 		return bytes.Equal(m[off:min(off+page, end)], zeroPage[:min(page, end-off)])
 	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(in, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole after off
-		}
-		if err != nil {
-			return fmt.Errorf("find data in %s: %w", src.Name(), err)
-		}
-		if data >= size {
-			return nil
-		}
-		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("find a hole in %s: %w", src.Name(), err)
-		}
-		hole = min(hole, size)
-		for off = data; off < hole; {
+	return eachExtent(src, size, func(data, hole int64) error {
+		for off := data; off < hole; {
 			for off < hole && zero(off, hole) {
 				off += page
 			}
@@ -254,6 +238,34 @@ func copyNonZero(dst, src *os.File, size int64) error {
 				at += int64(n)
 			}
 		}
+		return nil
+	})
+}
+
+// eachExtent calls fn with each extent of data [data, hole) in the first
+// size bytes of f, in order, and stops at fn's first error.
+func eachExtent(f *os.File, size int64, fn func(data, hole int64) error) error {
+	in := int(f.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(in, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole after off
+		}
+		if err != nil {
+			return fmt.Errorf("find data in %s: %w", f.Name(), err)
+		}
+		if data >= size {
+			return nil
+		}
+		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("find a hole in %s: %w", f.Name(), err)
+		}
+		hole = min(hole, size)
+		if err := fn(data, hole); err != nil {
+			return err
+		}
+		off = hole
 	}
 	return nil
 }
@@ -267,26 +279,11 @@ func CopySparse(dst, src *os.File, size int64) error {
 		return err
 	}
 	in, out := int(src.Fd()), int(dst.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(in, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole after off
-		}
-		if err != nil {
-			return fmt.Errorf("find data in %s: %w", src.Name(), err)
-		}
-		if data >= size {
-			return nil
-		}
-		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("find a hole in %s: %w", src.Name(), err)
-		}
-		hole = min(hole, size)
+	return eachExtent(src, size, func(data, hole int64) error {
 		if _, err := unix.Seek(out, data, io.SeekStart); err != nil {
 			return fmt.Errorf("copy to %s: %w", dst.Name(), err)
 		}
-		for off = data; off < hole; {
+		for off := data; off < hole; {
 			n, err := unix.Sendfile(out, in, &off, int(min(hole-off, 1<<30)))
 			if err != nil {
 				return fmt.Errorf("copy %s to %s: %w", src.Name(), dst.Name(), err)
@@ -295,6 +292,6 @@ func CopySparse(dst, src *os.File, size int64) error {
 				return fmt.Errorf("copy %s to %s: it ends at %d, before %d", src.Name(), dst.Name(), off, hole)
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
