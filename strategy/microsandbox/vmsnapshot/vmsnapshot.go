@@ -196,47 +196,57 @@ const page = 4096
 // zeroPage is a page of zeros to compare with.
 var zeroPage [page]byte
 
+// copyBuffer is how much of the guest's RAM copyNonZero reads at a time.
+const copyBuffer = 1 << 20
+
 // copyNonZero copies the first size bytes of src to dst at the same
 // offsets, only the pages where src has data that is not all zeros: dst,
 // size bytes long afterwards, has holes elsewhere, which read as the zeros
 // they stand for. A booted guest's RAM holds many pages of zeros that are
 // not holes (here 20 of the 89 MiB a snapshot held), and every clone
-// copied them into its memfd and kept them for its life. src is read through a
-// mapping that is gone on return: the scan leaves nothing in the heap of
-// the shim, which runs the VM on. Only src's data is mapped in, so the scan
-// allocates none of its holes.
+// copied them into its memfd and kept them for its life. Only src's data
+// extents are read, so none of its holes is allocated, through a buffer
+// mapped for the copy and unmapped after: nothing of it stays in the heap
+// of the shim, which runs the VM on. (Reading through a mapping of src
+// instead took 3-4 times as long here: a page fault a few pages.)
 func copyNonZero(dst, src *os.File, size int64) error {
 	if err := dst.Truncate(size); err != nil {
 		return err
 	}
-	if size == 0 {
-		return nil
-	}
-	m, err := unix.Mmap(int(src.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	buf, err := unix.Mmap(-1, 0, copyBuffer, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return fmt.Errorf("map %s: %w", src.Name(), err)
+		return fmt.Errorf("copy %s: %w", src.Name(), err)
 	}
-	defer unix.Munmap(m)
-	zero := func(off, end int64) bool {
-		return bytes.Equal(m[off:min(off+page, end)], zeroPage[:min(page, end-off)])
-	}
+	defer unix.Munmap(buf)
+	zero := func(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
 	return eachExtent(src, size, func(data, hole int64) error {
-		for off := data; off < hole; {
-			for off < hole && zero(off, hole) {
-				off += page
+		for base := data; base < hole; {
+			n, err := unix.Pread(int(src.Fd()), buf[:min(copyBuffer, hole-base)], base)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", src.Name(), err)
 			}
-			start := off
-			for off < hole && !zero(off, hole) {
-				off += page
+			if n == 0 {
+				return fmt.Errorf("read %s: it ends at %d, before %d", src.Name(), base, hole)
 			}
-			off = min(off, hole)
-			for at := start; at < off; {
-				n, err := unix.Pwrite(int(dst.Fd()), m[at:off], at)
-				if err != nil {
-					return fmt.Errorf("copy %s to %s: %w", src.Name(), dst.Name(), err)
+			b := buf[:n]
+			for off := 0; off < n; {
+				for off < n && zero(b[off:min(off+page, n)]) {
+					off += page
 				}
-				at += int64(n)
+				start := off
+				for off < n && !zero(b[off:min(off+page, n)]) {
+					off += page
+				}
+				off = min(off, n)
+				for at := start; at < off; {
+					w, err := unix.Pwrite(int(dst.Fd()), b[at:off], base+int64(at))
+					if err != nil {
+						return fmt.Errorf("copy %s to %s: %w", src.Name(), dst.Name(), err)
+					}
+					at += w
+				}
 			}
+			base += int64(n)
 		}
 		return nil
 	})

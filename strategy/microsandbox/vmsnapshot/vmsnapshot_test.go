@@ -123,7 +123,8 @@ func TestSaveOpenRemove(t *testing.T) {
 // TestSaveLeavesZerosOut: a saved RAM file has the guest's bytes
 // everywhere and allocates only its pages that are not all zeros: a memfd
 // (the guest's RAM) with data, written zeros between data pages (a run of
-// them, one alone, and one page with a single byte set), and holes.
+// them, one alone, and one page with a single byte set), an extent longer
+// than the copy's buffer, and holes.
 func TestSaveLeavesZerosOut(t *testing.T) {
 	const size = 32 << 20
 	fd, err := unix.MemfdCreate("test-ram", unix.MFD_CLOEXEC)
@@ -150,6 +151,10 @@ func TestSaveLeavesZerosOut(t *testing.T) {
 	one := make([]byte, 4096)
 	one[4095] = 4
 	write(16<<20, one)
+	// An extent longer than copyBuffer, its data on both sides of a
+	// buffer's end.
+	write(20<<20, make([]byte, 3<<20))
+	write(20<<20+copyBuffer-4096, bytes.Repeat([]byte{6}, 8192))
 	write(size-4096, bytes.Repeat([]byte{5}, 4096))
 	if a := allocated(t, ram); a < 1<<20 {
 		t.Fatalf("the test's RAM allocates %d bytes; want its written zeros allocated", a)
@@ -174,10 +179,10 @@ func TestSaveLeavesZerosOut(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("the saved RAM's bytes differ from the guest's")
 	}
-	// Five pages of data, with some slack for the fs; the zeros alone are
-	// 1.1 MiB.
+	// Seven pages of data, with some slack for the fs; the zeros alone are
+	// 4 MiB.
 	if a := allocated(t, s.RAM); a > 512<<10 {
-		t.Errorf("the saved RAM allocates %d bytes for 5 pages of data", a)
+		t.Errorf("the saved RAM allocates %d bytes for 7 pages of data", a)
 	}
 }
 
