@@ -290,8 +290,7 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 		// The default image's answer is its files': their versions from
 		// before and after the read, when they agree, let the daemon keep
 		// it. A custom one is asked for each time (a tag can move).
-		files := vmimage.DefaultFiles(req.ImageDir)
-		before, berr := fileid.All(files)
+		before, berr := defaultInputs(req)
 		img, err := vmimage.Default(req.ImageDir)
 		if err == nil && req.Ref != "" {
 			store := &Store{Dir: req.ImagesDir, Base: img, Logf: logf}
@@ -301,11 +300,21 @@ func ImageMain(stdin io.Reader, stdout, stderr io.Writer) error {
 			return helper.ImageResponse{Error: err.Error()}
 		}
 		resp := helper.ImageResponse{Kernel: img.Kernel, Initrd: img.Initrd, Rootfs: img.Rootfs, Digest: img.Digest, Runtimes: img.Runtimes}
-		if req.Ref == "" && berr == nil {
-			if after, err := fileid.All(files); err == nil && slices.Equal(before, after) {
+		if len(before) > 0 && berr == nil {
+			if after, err := defaultInputs(req); err == nil && slices.Equal(before, after) {
 				resp.Inputs = after
 			}
 		}
 		return resp
 	})
+}
+
+// defaultInputs is the versions of the files the answer to req is read
+// from when it asks for the default image; none for a custom one, whose
+// answer is not kept.
+func defaultInputs(req helper.ImageRequest) ([]fileid.ID, error) {
+	if req.Ref != "" {
+		return nil, nil
+	}
+	return fileid.All(vmimage.DefaultFiles(req.ImageDir))
 }
