@@ -24,7 +24,8 @@ import (
 // init is born in the session's cgroup, in every hierarchy, whichever way
 // the host allows: a session cgroup as this host's daemon makes it (v1 here,
 // v2 on a v2-only host), and a cgroup v2 directory where one is mounted
-// beside v1 (CLONE_INTO_CGROUP). The shim is never left in it.
+// beside v1 (CLONE_INTO_CGROUP). The shim is never left in it, and init
+// waits for its command when the spawn returns.
 func TestSpawnInCgroup(t *testing.T) {
 	testutil.RequiresRoot(t)
 	cg, mode := sessionCgroup(t, "agentconnect-test-spawn-")
@@ -51,6 +52,12 @@ func TestSpawnInCgroup(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Abandon()
+			// Returned once init waits for its command, its Go runtime
+			// up (which starts threads of its own: a process that has just
+			// exec'd has one): a warm boundary is ready only then.
+			if threads := procThreads(t, l.PID); threads < 2 {
+				t.Errorf("init (pid %d) has %d thread: its Go runtime has not started", l.PID, threads)
+			}
 			if len(logs.entries) > 0 {
 				t.Errorf("init was moved after it started, not born in its cgroup: %v", logs.entries)
 			}
@@ -220,4 +227,20 @@ func TestStartInCgroupPremount(t *testing.T) {
 	if procs := strings.Fields(readText(t, filepath.Join(cg.Dirs[0], "cgroup.procs"))); len(procs) != 0 {
 		t.Errorf("the session's cgroup holds %v after a failed premount", procs)
 	}
+}
+
+// procThreads is the number of threads of process pid.
+func procThreads(t *testing.T, pid int) int {
+	t.Helper()
+	for _, line := range strings.Split(readText(t, fmt.Sprintf("/proc/%d/status", pid)), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("/proc/%d/status: %q", pid, line)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/%d/status has no Threads line", pid)
+	return 0
 }

@@ -272,11 +272,25 @@ func (s *service) spawnInCgroup(dir string, stdio [3]*os.File, extra []*os.File,
 	if err == nil && !inside {
 		err = s.cg.Add(pid)
 	}
+	if err == nil {
+		err = l.waitReady()
+	}
 	if err != nil {
 		l.Abandon()
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
 	return l, nil
+}
+
+// waitReady waits until init waits for its command (initReady). A
+// launcher that ends first (killed, or the shim's binary cannot start)
+// closes the pipe.
+func (l *Launcher) waitReady() error {
+	var b [1]byte
+	if n, _ := l.errR.Read(b[:]); n != 1 || b[0] != initReady {
+		return fmt.Errorf("init (pid %d) ended before it waited for the command", l.PID)
+	}
+	return nil
 }
 
 // startInCgroup starts argv with env in its own process group and the
