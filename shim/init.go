@@ -21,7 +21,6 @@ const (
 // host boundary is ready only then, and a claim's exec does not wait for it.
 const initReady = 'R'
 
-
 // runInit is the runtime's first moments: it waits in the session's cgroup
 // until the shim says what to exec (at once for a cold start; when a
 // session claims it, for a warm host boundary), then becomes it. It returns
