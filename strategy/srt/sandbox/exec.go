@@ -30,10 +30,11 @@ const ExitSetupFailed = 125
 
 // Exec is `agentconnect-shim sandbox-exec`, the last step inside the
 // sandbox, already under the seccomp filter bwrap applied: it checks that
-// every protected bind landed where it should (protect.Verify), opens the
-// proxy listeners on the sandbox's loopback and hands them to the shim (so
-// no process of ours stays inside), gives the runtime its stderr, restricts
-// writes with Landlock, then waits for the runtime's command and
+// every protected bind landed where it should (protect.Verify), gives the
+// runtime its stderr, restricts writes with Landlock, opens the proxy
+// listeners on the sandbox's loopback and hands them to the shim (so no
+// process of ours stays inside; the shim's sign that the sandbox is up),
+// then waits for the runtime's command and
 // environment on FDExec (sent as soon as the sandbox is up for a cold start;
 // when a session claims it, for a warm one) and execs it. It returns only
 // on failure, after reporting it on FDExecError.
@@ -55,9 +56,6 @@ func Exec(args []string) error {
 	if err != nil {
 		return fail(ExitSetupFailed, -1, "sandbox setup: "+err.Error())
 	}
-	if err := handOverListeners(listen); err != nil {
-		return fail(ExitSetupFailed, -1, "sandbox setup: proxy listeners: "+err.Error())
-	}
 	if err := unix.Dup3(FDStderr, 2, 0); err != nil {
 		return fail(ExitSetupFailed, -1, "sandbox setup: stderr: "+err.Error())
 	}
@@ -66,6 +64,13 @@ func Exec(args []string) error {
 		if err := restrictWrites(writable); err != nil {
 			return fail(ExitSetupFailed, -1, "sandbox setup: landlock: "+err.Error())
 		}
+	}
+	// The last step of the setup: the shim takes the sandbox as ready once
+	// it has the listeners, and a claim's command should find nothing left
+	// to do but its exec. (Landlock restricts only the filesystem here, so
+	// the listeners can be made under it.)
+	if err := handOverListeners(listen); err != nil {
+		return fail(ExitSetupFailed, -1, "sandbox setup: proxy listeners: "+err.Error())
 	}
 	execFile := os.NewFile(FDExec, "exec")
 	m, err := execmsg.Receive(execFile)
