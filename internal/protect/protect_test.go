@@ -2,9 +2,11 @@ package protect
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -606,5 +608,55 @@ func TestStaleSeesANewRepository(t *testing.T) {
 	git(t, filepath.Join(ws, "src", "pkg"), "init", "-q")
 	if stale, err := p.Stale(); !stale || err != nil {
 		t.Fatalf("Stale after git init in src/pkg = %v, %v; want true", stale, err)
+	}
+}
+
+// TestFindGitDirsBounds: the scan looks for a .git three levels down and no
+// deeper, not beneath node_modules, not through a symlinked directory, takes
+// a .git that is neither a directory nor a file for none, and
+// stops after scanMaxDirs directories in name order.
+func TestFindGitDirsBounds(t *testing.T) {
+	ws := t.TempDir()
+	for _, dir := range []string{"a/.git", "a/b/.git", "a/b/c/.git", "a/b/c/d/.git", "node_modules/x/.git", "elsewhere/r/.git"} {
+		if err := os.MkdirAll(filepath.Join(ws, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(ws, "elsewhere/r"), filepath.Join(ws, "a/link")); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(ws, "f"), 0o755)
+	if err := unix.Mkfifo(filepath.Join(ws, "f/.git"), 0o600); err != nil { // neither a git dir nor a .git file
+		t.Fatal(err)
+	}
+	got, err := findGitDirs(Root{Host: ws, Dir: openDir(t, ws)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{"a/.git", "a/b/.git", "a/b/c/.git", "elsewhere/r/.git"}; !slices.Equal(got, want) {
+		t.Errorf("found %q, want %q", got, want)
+	}
+
+	// The root is the first directory visited; its entries follow in name
+	// order, so of n0001..n5000 the last is not looked at.
+	many := t.TempDir()
+	for i := 1; i <= scanMaxDirs; i++ {
+		if err := os.Mkdir(filepath.Join(many, fmt.Sprintf("n%04d", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{"n0001/.git", fmt.Sprintf("n%04d/.git", scanMaxDirs-1), fmt.Sprintf("n%04d/.git", scanMaxDirs)} {
+		if err := os.Mkdir(filepath.Join(many, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err = findGitDirs(Root{Host: many, Dir: openDir(t, many)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{"n0001/.git", fmt.Sprintf("n%04d/.git", scanMaxDirs-1)}; !slices.Equal(got, want) {
+		t.Errorf("with %d directories found %q, want %q", scanMaxDirs, got, want)
 	}
 }
