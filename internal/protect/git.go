@@ -42,25 +42,62 @@ var boundReadOnly = func() map[string]bool {
 // reads r through its fd, so that it scans the directory the boundary
 // binds. A .git that is a symlink is refused: git follows it, and the
 // symlink could be pointed anywhere.
-func findGitDirs(r Root) ([]string, error) {
+func findGitDirs(r Root) ([]string, error) { return scanGitDirs(r, nil) }
+
+// scanGitDirs is findGitDirs; with w, it adds each directory it looks into
+// to w before it reads it, so that any change there after the read is an
+// event of w's (see Plan.Watch).
+func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 	base := procPath(r.Dir)
 	var found []string
 	seen := map[string]bool{}
-	var addGitDir func(rel string)
-	addGitDir = func(rel string) {
+	// watchAt adds the directory at rel, which may be missing, to w.
+	watchAt := func(rel string) (missing bool, err error) {
+		fd, err := unix.Openat2(int(r.Dir.Fd()), rel, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if errors.Is(err, unix.ENOENT) {
+			return true, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
+		}
+		defer unix.Close(fd)
+		return false, w.dir(fd)
+	}
+	var addGitDir func(rel string) error
+	addGitDir = func(rel string) error {
 		if seen[rel] || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			return
+			return nil
 		}
 		seen[rel] = true
 		found = append(found, rel)
+		if w != nil {
+			// A git directory a .git file names may not be there yet,
+			// and nothing watched need show when it comes.
+			if missing, err := watchAt(rel); err != nil || missing {
+				w.changed = true
+				return err
+			}
+		}
 		for _, sub := range []string{"modules", "worktrees"} {
+			if w != nil {
+				// One made later is an event of rel's.
+				if _, err := watchAt(filepath.Join(rel, sub)); err != nil {
+					return err
+				}
+			}
 			entries, _ := os.ReadDir(filepath.Join(base, rel, sub))
 			for _, e := range entries {
 				if e.IsDir() {
-					addGitDir(filepath.Join(rel, sub, e.Name()))
+					if err := addGitDir(filepath.Join(rel, sub, e.Name())); err != nil {
+						return err
+					}
 				}
 			}
 		}
+		return nil
 	}
 	// The walk goes from each directory's fd to its entries (openat,
 	// fstatat), so no lookup resolves a path from the root again, and it
@@ -69,17 +106,26 @@ func findGitDirs(r Root) ([]string, error) {
 	// syscall a leaf. No lookup of a directory it lists follows a symlink.
 	visited := 0
 	buf := make([]byte, 32<<10)
-	// gitEntry judges a .git entry of rel, whose type is typ (DT_*).
-	gitEntry := func(rel string, typ uint8) error {
+	// gitEntry judges the .git entry at path beneath dir (of rel), whose
+	// type is typ (DT_*).
+	gitEntry := func(dir int, path, rel string, typ uint8) error {
 		dotGit := filepath.Join(rel, ".git")
 		switch typ {
 		case unix.DT_LNK:
 			return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to", filepath.Join(r.Host, dotGit))
 		case unix.DT_DIR:
-			addGitDir(dotGit)
+			return addGitDir(dotGit)
 		case unix.DT_REG:
+			if w != nil {
+				// A write to the file through another of its links is an
+				// event of that link's directory only.
+				var st unix.Stat_t
+				if err := unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Nlink != 1 {
+					w.changed = true
+				}
+			}
 			if g, ok := gitFileTarget(r, dotGit); ok {
-				addGitDir(g)
+				return addGitDir(g)
 			}
 		}
 		return nil
@@ -94,9 +140,21 @@ func findGitDirs(r Root) ([]string, error) {
 		// Only its .git is looked at in a leaf, and in a directory that
 		// cannot be listed.
 		onlyGit := func() error {
+			dir, path := parent, filepath.Join(name, ".git")
+			if w != nil {
+				fd, err := unix.Openat(parent, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
+				}
+				defer unix.Close(fd)
+				if err := w.dir(fd); err != nil {
+					return err
+				}
+				dir, path = fd, ".git"
+			}
 			var st unix.Stat_t
-			if unix.Fstatat(parent, filepath.Join(name, ".git"), &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-				return gitEntry(rel, direntType(st.Mode))
+			if unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return gitEntry(dir, path, rel, direntType(st.Mode))
 			}
 			return nil
 		}
@@ -108,12 +166,17 @@ func findGitDirs(r Root) ([]string, error) {
 			return onlyGit()
 		}
 		defer unix.Close(fd)
+		if w != nil {
+			if err := w.dir(fd); err != nil {
+				return err
+			}
+		}
 		subdirs, gitType, err := readEntries(fd, buf)
 		if err != nil {
 			return onlyGit()
 		}
 		if gitType != unix.DT_UNKNOWN {
-			if err := gitEntry(rel, gitType); err != nil {
+			if err := gitEntry(fd, ".git", rel, gitType); err != nil {
 				return err
 			}
 		}

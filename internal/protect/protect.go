@@ -116,7 +116,10 @@ type Plan struct {
 	GitDirs []string
 
 	ledger string
-	roots  []Root // with fds of their own, for Audit
+	roots  []Root      // with fds of their own, for Audit
+	watch  *rootsWatch // from Watch until Stale
+	// staleScans counts the scans Stale made, for the tests of Watch.
+	staleScans int
 }
 
 // CloseBinds closes the fds of the plan's binds, once the boundary holds its
@@ -139,6 +142,10 @@ func (p *Plan) Release() {
 }
 
 func (p *Plan) closeFiles() {
+	if p.watch != nil {
+		p.watch.close()
+		p.watch = nil
+	}
 	p.CloseBinds()
 	for _, r := range p.roots {
 		r.Dir.Close()
@@ -572,11 +579,21 @@ func procPath(f *os.File) string {
 // not protect (a repository made since Prepare, by another session of the
 // agent, say): a boundary built from the plan ahead of its session (a warm
 // one) must then be built again, or it would protect less than a start now.
+// After Watch, the roots are scanned again only if the watch saw a change
+// that could add one; the watch ends with the first call.
 func (p *Plan) Stale() (bool, error) {
-	protected := map[string]bool{}
-	for _, g := range p.GitDirs {
-		protected[g] = true
+	if w := p.watch; w != nil {
+		p.watch = nil
+		unchanged := w.unchanged()
+		// Closing an inotify instance waits for its marks to go (~3 ms
+		// for 5000 here): not on a claim's way.
+		go w.close()
+		if unchanged {
+			return false, nil
+		}
 	}
+	p.staleScans++
+	protected := p.protected()
 	for _, r := range p.roots {
 		if r.Dir == nil {
 			return false, fmt.Errorf("the plan of %s was released", r.Host)

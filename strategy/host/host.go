@@ -43,6 +43,10 @@ type Boundary interface {
 	// Stale reports whether the boundary, built ahead of its session (a
 	// warm one), would protect less than one built now.
 	Stale() (bool, error)
+	// Watch follows what Stale looks at, from a warm boundary's build to
+	// its claim, so that Stale can answer without looking again; on an
+	// error it does look.
+	Watch() error
 	// Bind gives the boundary what is the session's own, from h's session
 	// and secrets, and lets the runtime exec.
 	Bind(h *shim.Host) error
@@ -190,6 +194,12 @@ func (r Runner) prepare(h *shim.Host, now bool) (_ *prepared, retErr error) {
 			return nil, shim.SandboxSetupError(p.b.Failed(<-l.Exited, err))
 		}
 		st.Done("sandbox")
+		if !now {
+			// Built: from here on a claim's Stale reads what changed.
+			if err := p.b.Watch(); err != nil {
+				h.Log().WithError(err).Info("the boundary's roots are not watched: a claim scans them")
+			}
+		}
 	}
 	return p, nil
 }

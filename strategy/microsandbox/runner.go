@@ -107,6 +107,11 @@ func (Runner) Prepare(h *shim.Host) (shim.Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Set up: from here on a claim's Stale reads what changed in the
+	// shares.
+	if err := vm.plan.Watch(); err != nil {
+		h.Log().WithError(err).Info("the VM's shares are not watched: a claim scans them")
+	}
 	return vm, nil
 }
 

@@ -346,6 +346,10 @@ func (r *srtRun) receiveListeners() bool {
 // it was built: a start now would protect it.
 func (r *srtRun) Stale() (bool, error) { return r.boundary.Stale() }
 
+// Watch follows the sandbox's roots while it waits for a claim, so that
+// Stale need not scan them again.
+func (r *srtRun) Watch() error { return r.boundary.Watch() }
+
 // Bind gives the sandbox the session's own: its secrets (agentconnect-inject,
 // whose session CA the trust store gains), the proxy on the listeners, and
 // the runtime's command and environment, which sandbox-exec then execs.

@@ -127,6 +127,10 @@ func (b *Boundary) Audit() []protect.Finding { return b.plan.Audit() }
 // boundary does not protect (see protect.Plan.Stale).
 func (b *Boundary) Stale() (bool, error) { return b.plan.Stale() }
 
+// Watch follows the workspace and mounts until Stale (see
+// protect.Plan.Watch).
+func (b *Boundary) Watch() error { return b.plan.Watch() }
+
 // Release ends the sandbox's run, once it is gone: the placeholders made for
 // absent protected names are removed when no other boundary of the daemon
 // runs (one that started since may have bound them read-only).

@@ -1,0 +1,209 @@
+package protect
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/testutil"
+)
+
+// watchedPlan is repoPlan with the roots watched, and a workspace that has
+// a nested repository with a worktree, a module and a .git file.
+func watchedPlan(t *testing.T) (string, *Plan) {
+	t.Helper()
+	ws := t.TempDir()
+	git(t, ws, "init", "-q")
+	for _, dir := range []string{"src/pkg", "lib/.git/worktrees/wt", "lib/.git/modules/m", "wt"} {
+		if err := os.MkdirAll(filepath.Join(ws, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../lib/.git/worktrees/wt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := prepare(t, ws, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Release)
+	if err := p.Watch(); err != nil {
+		t.Fatal(err)
+	}
+	return ws, p
+}
+
+// staleAfter reports Stale after change, and whether it scanned the roots.
+func staleAfter(t *testing.T, p *Plan, change func()) (stale, scanned bool) {
+	t.Helper()
+	change()
+	before := p.staleScans
+	stale, err := p.Stale()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stale, p.staleScans > before
+}
+
+// Files made, written and removed in the watched directories cannot add a
+// git directory: Stale answers from the watch, without a scan.
+func TestWatchLetsFilesPass(t *testing.T) {
+	ws, p := watchedPlan(t)
+	stale, scanned := staleAfter(t, p, func() {
+		os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("x"), 0o644)
+		os.WriteFile(filepath.Join(ws, "src/pkg/main.go"), []byte("package main"), 0o644)
+		os.WriteFile(filepath.Join(ws, "lib/.git/index.lock"), nil, 0o644)
+		os.Remove(filepath.Join(ws, "lib/.git/index.lock"))
+		os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("y"), 0o644)
+		os.Rename(filepath.Join(ws, "notes.txt"), filepath.Join(ws, "src/notes.txt"))
+	})
+	if stale || scanned {
+		t.Errorf("after files only: stale %v, scanned %v; want neither", stale, scanned)
+	}
+	// The watch ends with the first Stale: the next one scans.
+	if _, scanned := staleAfter(t, p, func() {}); !scanned {
+		t.Error("a second Stale did not scan")
+	}
+}
+
+// Every change a repository can come with makes Stale scan, and the scan
+// finds the new git directory.
+func TestWatchSeesEveryWayInOfARepository(t *testing.T) {
+	cases := map[string]func(t *testing.T, ws string){
+		"git init at depth 3": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "src/pkg/deep"), 0o755)
+			git(t, filepath.Join(ws, "src/pkg/deep"), "init", "-q")
+		},
+		"a .git directory in a watched leaf": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "src/pkg/.git"), 0o755)
+		},
+		"a repository moved in": func(t *testing.T, ws string) {
+			outside := t.TempDir()
+			os.MkdirAll(filepath.Join(outside, "r/.git"), 0o755)
+			if err := os.Rename(filepath.Join(outside, "r"), filepath.Join(ws, "src/r")); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a .git file written": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "lib/.git/worktrees/other"), 0o755)
+			os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../lib/.git/worktrees/other\n"), 0o644)
+		},
+		"a .git file made by a rename": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "gd"), 0o755)
+			os.WriteFile(filepath.Join(ws, "src/g.tmp"), []byte("gitdir: ../gd\n"), 0o644)
+			os.Rename(filepath.Join(ws, "src/g.tmp"), filepath.Join(ws, "src/.git"))
+		},
+		"a worktree added": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "lib/.git/worktrees/wt2"), 0o755)
+		},
+		"a module added": func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "lib/.git/modules/m/modules/n"), 0o755)
+		},
+	}
+	for name, change := range cases {
+		t.Run(name, func(t *testing.T) {
+			ws, p := watchedPlan(t)
+			if stale, scanned := staleAfter(t, p, func() { change(t, ws) }); !stale || !scanned {
+				t.Errorf("stale %v, scanned %v; want both", stale, scanned)
+			}
+		})
+	}
+}
+
+// A repository made after Prepare but before Watch is stale at once.
+func TestWatchAfterANewRepository(t *testing.T) {
+	ws, p := repoPlan(t)
+	git(t, filepath.Join(ws), "init", "-q", "sub")
+	if err := p.Watch(); err != nil {
+		t.Fatal(err)
+	}
+	if stale, scanned := staleAfter(t, p, func() {}); !stale || !scanned {
+		t.Errorf("stale %v, scanned %v; want both", stale, scanned)
+	}
+}
+
+// What the watch cannot vouch for is scanned: a .git file with another
+// link (written through that one, no watched directory hears of it), a
+// lost event (the queue overflowed), a new directory, a mount.
+func TestWatchScansWhatItCannotVouchFor(t *testing.T) {
+	t.Run(".git file with two links", func(t *testing.T) {
+		ws := t.TempDir()
+		git(t, ws, "init", "-q")
+		os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+		os.WriteFile(filepath.Join(ws, "link"), []byte("gitdir: ../.git\n"), 0o644)
+		if err := os.Link(filepath.Join(ws, "link"), filepath.Join(ws, "wt/.git")); err != nil {
+			t.Fatal(err)
+		}
+		p, err := prepare(t, ws, false, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Release()
+		if err := p.Watch(); err != nil {
+			t.Fatal(err)
+		}
+		if _, scanned := staleAfter(t, p, func() {}); !scanned {
+			t.Error("not scanned")
+		}
+	})
+	t.Run("overflow", func(t *testing.T) {
+		ws, p := watchedPlan(t)
+		max, err := os.ReadFile("/proc/sys/fs/inotify/max_queued_events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		fmt.Sscan(string(max), &n)
+		stale, scanned := staleAfter(t, p, func() {
+			for i := 0; i <= n; i++ {
+				f, err := os.Create(filepath.Join(ws, "src", fmt.Sprint("f", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+			}
+		})
+		if stale || !scanned {
+			t.Errorf("after %d files: stale %v, scanned %v; want a scan that finds nothing", n+1, stale, scanned)
+		}
+	})
+	t.Run("a new directory", func(t *testing.T) {
+		ws, p := watchedPlan(t)
+		if stale, scanned := staleAfter(t, p, func() { os.Mkdir(filepath.Join(ws, "new"), 0o755) }); stale || !scanned {
+			t.Errorf("stale %v, scanned %v; want a scan that finds nothing", stale, scanned)
+		}
+	})
+	t.Run("a mount", func(t *testing.T) {
+		testutil.RequiresRoot(t)
+		ws, p := watchedPlan(t)
+		repo := t.TempDir()
+		git(t, repo, "init", "-q")
+		stale, scanned := staleAfter(t, p, func() {
+			if err := unix.Mount(repo, filepath.Join(ws, "src/pkg"), "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(filepath.Join(ws, "src/pkg"), unix.MNT_DETACH) })
+		})
+		if !stale || !scanned {
+			t.Errorf("after a repository was mounted in: stale %v, scanned %v; want both", stale, scanned)
+		}
+	})
+}
+
+// A root on a filesystem whose changes inotify may not all see is not
+// watched.
+func TestWatchRefuses(t *testing.T) {
+	w := &rootsWatch{devs: map[uint64]bool{}}
+	fd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := w.dir(fd); err == nil || !strings.Contains(err.Error(), "inotify may not see") {
+		t.Errorf("watch /proc: %v, want a refusal", err)
+	}
+}
