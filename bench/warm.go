@@ -20,7 +20,7 @@ const warmStartMeasurement = "start -> first output byte, warm boundary (admin A
 // a bare fork+exec.
 func benchWarmHost(ctx context.Context, d *daemon, c counts, rep *report) error {
 	n := max(c.Starts/4, 5)
-	lat, claimed, err := warmStarts(ctx, d, "bench-warm-host", "host", n)
+	lat, claimed, err := warmStarts(ctx, d, "bench-warm-host", "host", "", n)
 	if err != nil {
 		return err
 	}
@@ -60,14 +60,50 @@ func benchWarmSrt(ctx context.Context, d *daemon, c counts, rep *report) error {
 	if d.srtUnavailable != "" {
 		return fmt.Errorf("skipped: %s", d.srtUnavailable)
 	}
-	lat, claimed, err := warmStarts(ctx, d, "bench-warm-srt", "srt", c.SrtExecs)
+	lat, claimed, err := warmStarts(ctx, d, "bench-warm-srt", "srt", "", c.SrtExecs)
 	if err != nil {
 		return err
 	}
 	ref := fmt.Sprintf("n=%d, %d of them claimed a warm sandbox; /bin/echo x", len(lat), claimed)
 	rep.add(warmStartMeasurement, "srt p50", lat.percentile(50), "ms", 10, ref)
 	rep.add(warmStartMeasurement, "srt p99", lat.percentile(99), "ms", 0, "")
-	return deleteAgent(ctx, d, "bench-warm-srt")
+	if err := deleteAgent(ctx, d, "bench-warm-srt"); err != nil {
+		return err
+	}
+	// A claim checks the workspace for repositories made since the build:
+	// the same in a large one.
+	ws, dirs, err := largeWorkspace()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(ws)
+	lat, claimed, err = warmStarts(ctx, d, "bench-warm-srt-large", "srt", ws, c.SrtExecs)
+	if err != nil {
+		return err
+	}
+	ref = fmt.Sprintf("n=%d, %d of them claimed a warm sandbox; a shared workspace of %d directories, three levels deep (as deep as the scan for repositories goes)", len(lat), claimed, dirs)
+	rep.add(warmStartMeasurement, "srt p50, large workspace", lat.percentile(50), "ms", 0, ref)
+	return deleteAgent(ctx, d, "bench-warm-srt-large")
+}
+
+// largeWorkspace makes a directory of 17 directories of 17 of 17, and
+// returns it and how many directories it holds.
+func largeWorkspace() (string, int, error) {
+	ws, err := os.MkdirTemp("", "agentconnect-bench-workspace-")
+	if err != nil {
+		return "", 0, err
+	}
+	for i := range 17 {
+		for j := range 17 {
+			for k := range 17 {
+				if err := os.MkdirAll(filepath.Join(ws, fmt.Sprint("d", i), fmt.Sprint("d", j), fmt.Sprint("d", k)), 0o755); err != nil {
+					os.RemoveAll(ws)
+					return "", 0, err
+				}
+			}
+		}
+	}
+	return ws, 1 + 17 + 17*17 + 17*17*17, nil
 }
 
 // benchWarmVM times microsandbox sessions that claim a warm VM (booted,
@@ -77,7 +113,7 @@ func benchWarmVM(ctx context.Context, d *daemon, c counts, rep *report) error {
 		rep.note(warmStartMeasurement, "microsandbox p50", "unavailable: "+d.vmUnavailable)
 		return nil
 	}
-	lat, claimed, err := warmStarts(ctx, d, "bench-warm-vm", "microsandbox", c.VMStarts)
+	lat, claimed, err := warmStarts(ctx, d, "bench-warm-vm", "microsandbox", "", c.VMStarts)
 	if err != nil {
 		return err
 	}
@@ -87,17 +123,17 @@ func benchWarmVM(ctx context.Context, d *daemon, c counts, rep *report) error {
 	return deleteAgent(ctx, d, "bench-warm-vm")
 }
 
-// warmStarts creates an agent of strategy with one warm boundary and times n
-// starts, each once a warm boundary is ready; it counts the starts whose
-// shim says it claimed one.
-func warmStarts(ctx context.Context, d *daemon, name, strategy string, n int) (samples, int, error) {
+// warmStarts creates an agent of strategy with one warm boundary (and
+// sharedWorkspace, if not "") and times n starts, each once a warm boundary
+// is ready; it counts the starts whose shim says it claimed one.
+func warmStarts(ctx context.Context, d *daemon, name, strategy, sharedWorkspace string, n int) (samples, int, error) {
 	a, err := d.dialAdmin()
 	if err != nil {
 		return nil, 0, err
 	}
 	defer a.Close()
 	if _, err := a.CreateAgent(ctx, &adminv1.CreateAgentRequest{Agent: &adminv1.Agent{
-		Name: name, Strategy: strategy, Command: echoCommand, Warm: 1,
+		Name: name, Strategy: strategy, Command: echoCommand, Warm: 1, SharedWorkspace: sharedWorkspace,
 	}}); err != nil {
 		return nil, 0, fmt.Errorf("create agent %s: %w", name, err)
 	}
