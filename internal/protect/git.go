@@ -1,7 +1,6 @@
 package protect
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -106,9 +105,8 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 	// syscall a leaf. No lookup of a directory it lists follows a symlink.
 	visited := 0
 	buf := make([]byte, 32<<10)
-	// gitEntry judges the .git entry at path beneath dir (of rel), whose
-	// type is typ (DT_*).
-	gitEntry := func(dir int, path, rel string, typ uint8) error {
+	// gitEntry judges the .git entry of rel, whose type is typ (DT_*).
+	gitEntry := func(rel string, typ uint8) error {
 		dotGit := filepath.Join(rel, ".git")
 		switch typ {
 		case unix.DT_LNK:
@@ -116,15 +114,17 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 		case unix.DT_DIR:
 			return addGitDir(dotGit)
 		case unix.DT_REG:
-			if w != nil {
-				// A write to the file through another of its links is an
-				// event of that link's directory only.
-				var st unix.Stat_t
-				if err := unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Nlink != 1 {
-					w.changed = true
-				}
+			data, err := readGitFile(r, dotGit)
+			if err != nil {
+				return nil
 			}
-			if g, ok := gitFileTarget(r, dotGit); ok {
+			if w != nil {
+				// A write to the file through another of its names (a
+				// link, an fd opened by one) is an event of that name's
+				// directory only: the claim reads it again.
+				w.gitFiles = append(w.gitFiles, gitFile{root: r, rel: dotGit, data: data})
+			}
+			if g, ok := gitFileDir(r, dotGit, data); ok {
 				return addGitDir(g)
 			}
 		}
@@ -154,7 +154,7 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 			}
 			var st unix.Stat_t
 			if unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-				return gitEntry(dir, path, rel, direntType(st.Mode))
+				return gitEntry(rel, direntType(st.Mode))
 			}
 			return nil
 		}
@@ -176,7 +176,7 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 			return onlyGit()
 		}
 		if gitType != unix.DT_UNKNOWN {
-			if err := gitEntry(fd, ".git", rel, gitType); err != nil {
+			if err := gitEntry(rel, gitType); err != nil {
 				return err
 			}
 		}
@@ -255,19 +255,11 @@ func direntType(mode uint32) uint8 {
 	return unix.DT_UNKNOWN
 }
 
-// gitFileTarget reads a .git file ("gitdir: PATH") at rel in r and returns
-// the git directory it names relative to r, when it is inside r.
-func gitFileTarget(r Root, rel string) (string, bool) {
-	f, err := openRegular(r.Dir, rel)
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, 4096))
-	if !sc.Scan() {
-		return "", false
-	}
-	p, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "gitdir:")
+// gitFileDir is the git directory a .git file at rel in r names with data
+// ("gitdir: PATH"), relative to r, when it is inside r.
+func gitFileDir(r Root, rel string, data []byte) (string, bool) {
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	p, ok := strings.CutPrefix(strings.TrimSpace(string(line)), "gitdir:")
 	if !ok {
 		return "", false
 	}
@@ -280,6 +272,17 @@ func gitFileTarget(r Root, rel string) (string, bool) {
 		return filepath.Clean(t), true
 	}
 	return filepath.Clean(filepath.Join(filepath.Dir(rel), p)), true
+}
+
+// readGitFile reads what of the .git file at rel in r names its git
+// directory: its first 4 KiB.
+func readGitFile(r Root, rel string) ([]byte, error) {
+	f, err := openRegular(r.Dir, rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 4096))
 }
 
 // openRegular opens a regular file at rel beneath dir for reading, following

@@ -36,10 +36,19 @@ type rootsWatch struct {
 	fd     int             // inotify, non-blocking
 	mounts []byte          // /proc/self/mountinfo when the watch began: a mount beneath a root is no event
 	devs   map[uint64]bool // the devices of watched directories, each on a filesystem of watchedFS
+	// gitFiles are the .git files the scan read, to be read again.
+	gitFiles []gitFile
 	// changed: the watch saw a change, or cannot vouch for the roots (a
-	// .git file with other links, a git directory not there yet, a git
-	// directory the plan does not protect).
+	// git directory not there yet, a git directory the plan does not
+	// protect).
 	changed bool
+}
+
+// gitFile is a .git file as the watch's scan read it.
+type gitFile struct {
+	root Root
+	rel  string
+	data []byte
 }
 
 // Watch follows the plan's roots from now on, so that Stale, the check of
@@ -121,7 +130,7 @@ func (w *rootsWatch) dir(fd int) error {
 
 // unchanged reports whether nothing that could add a git directory
 // happened in the watched directories, nor to the mounts, since the watch
-// began.
+// began, and every .git file reads as it did.
 func (w *rootsWatch) unchanged() bool {
 	buf := make([]byte, 64<<10)
 	for !w.changed {
@@ -136,6 +145,11 @@ func (w *rootsWatch) unchanged() bool {
 	}
 	if w.changed {
 		return false
+	}
+	for _, g := range w.gitFiles {
+		if data, err := readGitFile(g.root, g.rel); err != nil || !bytes.Equal(data, g.data) {
+			return false
+		}
 	}
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	return err == nil && bytes.Equal(mounts, w.mounts)

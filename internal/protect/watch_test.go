@@ -126,18 +126,26 @@ func TestWatchAfterANewRepository(t *testing.T) {
 	}
 }
 
-// What the watch cannot vouch for is scanned: a .git file with another
-// link (written through that one, no watched directory hears of it), a
-// lost event (the queue overflowed), a new directory, a mount.
+// What the watch cannot vouch for is scanned: a .git file written through
+// another name (its other link, or an fd opened by a name since removed:
+// no watched directory hears of it), a lost event (the queue overflowed),
+// a new directory, a mount.
 func TestWatchScansWhatItCannotVouchFor(t *testing.T) {
-	t.Run(".git file with two links", func(t *testing.T) {
+	t.Run(".git file written through another name", func(t *testing.T) {
 		ws := t.TempDir()
 		git(t, ws, "init", "-q")
 		os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
-		os.WriteFile(filepath.Join(ws, "link"), []byte("gitdir: ../.git\n"), 0o644)
-		if err := os.Link(filepath.Join(ws, "link"), filepath.Join(ws, "wt/.git")); err != nil {
+		os.MkdirAll(filepath.Join(ws, "a/b/c/d/gd"), 0o755) // deeper than the scan and the watch go
+		os.WriteFile(filepath.Join(ws, "name"), []byte("gitdir: ../.git\n"), 0o644)
+		if err := os.Link(filepath.Join(ws, "name"), filepath.Join(ws, "wt/.git")); err != nil {
 			t.Fatal(err)
 		}
+		f, err := os.OpenFile(filepath.Join(ws, "name"), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		os.Remove(filepath.Join(ws, "name"))
 		p, err := prepare(t, ws, false, true)
 		if err != nil {
 			t.Fatal(err)
@@ -146,8 +154,12 @@ func TestWatchScansWhatItCannotVouchFor(t *testing.T) {
 		if err := p.Watch(); err != nil {
 			t.Fatal(err)
 		}
-		if _, scanned := staleAfter(t, p, func() {}); !scanned {
-			t.Error("not scanned")
+		stale, scanned := staleAfter(t, p, func() {
+			f.Truncate(0)
+			f.WriteAt([]byte("gitdir: ../a/b/c/d/gd\n"), 0)
+		})
+		if !stale || !scanned {
+			t.Errorf("after wt/.git was written through its removed name: stale %v, scanned %v; want both", stale, scanned)
 		}
 	})
 	t.Run("overflow", func(t *testing.T) {
