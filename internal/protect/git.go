@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +64,35 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 			return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
 		}
 		defer unix.Close(fd)
-		return false, w.dir(fd)
+		return false, w.dir(fd, r, rel)
+	}
+	// watchPath adds every directory from the root down to rel to w: a
+	// git directory a .git file names may lie where the walk does not
+	// look (deeper, under node_modules, in a .git), and a rename of any
+	// directory on its way would put another there.
+	watchPath := func(rel string) (missing bool, err error) {
+		fd, err := unix.Openat(int(r.Dir.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false, err
+		}
+		at := "."
+		for _, c := range strings.Split(rel, "/") {
+			next, err := unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			unix.Close(fd)
+			if errors.Is(err, unix.ENOENT) {
+				return true, nil
+			}
+			if err != nil {
+				return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, at, c), err)
+			}
+			fd, at = next, filepath.Join(at, c)
+			if err := w.dir(fd, r, at); err != nil {
+				unix.Close(fd)
+				return false, err
+			}
+		}
+		unix.Close(fd)
+		return false, nil
 	}
 	var addGitDir func(rel string) error
 	addGitDir = func(rel string) error {
@@ -75,7 +104,7 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 		if w != nil {
 			// A git directory a .git file names may not be there yet,
 			// and nothing watched need show when it comes.
-			if missing, err := watchAt(rel); err != nil || missing {
+			if missing, err := watchPath(rel); err != nil || missing {
 				w.changed = true
 				return err
 			}
@@ -115,8 +144,12 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 			return addGitDir(dotGit)
 		case unix.DT_REG:
 			data, err := readGitFile(r, dotGit)
+			if errors.Is(err, unix.ENOENT) {
+				return nil // gone since it was listed
+			}
 			if err != nil {
-				return nil
+				// Unread, the git directory it names would go unprotected.
+				return fmt.Errorf("%s cannot be read (%v), so the repository it names cannot be protected: make it a readable file, or remove it", filepath.Join(r.Host, dotGit), err)
 			}
 			if w != nil {
 				// A write to the file through another of its names (a
@@ -147,7 +180,7 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 					return fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
 				}
 				defer unix.Close(fd)
-				if err := w.dir(fd); err != nil {
+				if err := w.dir(fd, r, rel); err != nil {
 					return err
 				}
 				dir, path = fd, ".git"
@@ -167,7 +200,7 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 		}
 		defer unix.Close(fd)
 		if w != nil {
-			if err := w.dir(fd); err != nil {
+			if err := w.dir(fd, r, rel); err != nil {
 				return err
 			}
 		}
@@ -215,7 +248,11 @@ func readEntries(fd int, buf []byte) (subdirs []string, gitType uint8, err error
 			}
 			typ, raw := b[18], b[direntNameOff:reclen]
 			b = b[reclen:]
-			name := string(raw[:bytes.IndexByte(raw, 0)])
+			end := bytes.IndexByte(raw, 0)
+			if end < 0 {
+				return nil, 0, fmt.Errorf("getdents: a name without its NUL")
+			}
+			name := string(raw[:end])
 			if name == "." || name == ".." {
 				continue
 			}
@@ -264,6 +301,27 @@ func gitFileDir(r Root, rel string, data []byte) (string, bool) {
 		return "", false
 	}
 	p = strings.TrimSpace(p)
+	// git follows the path's symlinks before its "..": where the path
+	// leads now is the git directory git would use ("l/../gd" with l a
+	// symlink is not "gd"). Only a path that leads nowhere yet is taken as
+	// written.
+	raw := p
+	if !filepath.IsAbs(p) {
+		raw = filepath.Dir(rel) + "/" + p
+	}
+	if fd, err := unix.Openat(int(r.Dir.Fd()), raw, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+		target, terr := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		root, rerr := os.Readlink(procPath(r.Dir))
+		if terr != nil || rerr != nil {
+			return "", false
+		}
+		t, err := filepath.Rel(root, target)
+		if err != nil || t == ".." || strings.HasPrefix(t, "../") {
+			return "", false // outside the root: not this root's to protect
+		}
+		return t, true
+	}
 	if filepath.IsAbs(p) {
 		t, err := filepath.Rel(r.Host, p)
 		if err != nil {

@@ -120,6 +120,7 @@ type Plan struct {
 	watch  *rootsWatch // from Watch until Stale
 	// staleScans counts the scans Stale made, for the tests of Watch.
 	staleScans int
+	released   bool
 }
 
 // CloseBinds closes the fds of the plan's binds, once the boundary holds its
@@ -137,6 +138,7 @@ func (p *Plan) CloseBinds() {
 // and, when no other run is left, removes the placeholders that are still
 // empty.
 func (p *Plan) Release() {
+	p.released = true
 	p.closeFiles()
 	releaseRun(p.ledger)
 }
@@ -582,6 +584,9 @@ func procPath(f *os.File) string {
 // After Watch, the roots are scanned again only if the watch saw a change
 // that could add one; the watch ends with the first call.
 func (p *Plan) Stale() (bool, error) {
+	if p.released {
+		return false, errors.New("the plan was released")
+	}
 	if w := p.watch; w != nil {
 		p.watch = nil
 		unchanged := w.unchanged()

@@ -34,14 +34,30 @@ var watchedFS = map[int64]string{
 // an event in its inotify queue.
 type rootsWatch struct {
 	fd     int             // inotify, non-blocking
-	mounts []byte          // /proc/self/mountinfo when the watch began: a mount beneath a root is no event
+	mountinfo []byte       // /proc/self/mountinfo when the watch began: a mount beneath a root is no event
 	devs   map[uint64]bool // the devices of watched directories, each on a filesystem of watchedFS
 	// gitFiles are the .git files the scan read, to be read again.
 	gitFiles []gitFile
+	// mountRoots are the watched directories that are the root of a mount
+	// (the first the walk met on it, but for each root's own), to be
+	// looked at again: a mount replaced by one of another directory at the
+	// same place makes no event, and mountinfo may read the same (mount
+	// IDs are reused).
+	mountRoots []mountRoot
+	mounts     map[uint64]bool // the mounts (unique IDs) of watched directories
 	// changed: the watch saw a change, or cannot vouch for the roots (a
 	// git directory not there yet, a git directory the plan does not
 	// protect).
 	changed bool
+}
+
+// mountRoot is a directory at rel in root that was the root of mount mnt,
+// as the watch's scan saw it.
+type mountRoot struct {
+	root     Root
+	rel      string
+	dev, ino uint64
+	mnt      uint64
 }
 
 // gitFile is a .git file as the watch's scan read it.
@@ -71,17 +87,23 @@ func (p *Plan) Watch() (retErr error) {
 	if err != nil {
 		return fmt.Errorf("inotify: %w", err)
 	}
-	w := &rootsWatch{fd: fd, mounts: mounts, devs: map[uint64]bool{}}
+	w := &rootsWatch{fd: fd, mountinfo: mounts, devs: map[uint64]bool{}, mounts: map[uint64]bool{}}
 	defer func() {
 		if retErr != nil {
 			w.close()
 		}
 	}()
+	if p.released {
+		return errors.New("the plan was released")
+	}
 	protected := p.protected()
 	for _, r := range p.roots {
-		if r.Dir == nil {
-			return fmt.Errorf("the plan of %s was released", r.Host)
+		// Each root's own mount is held by its fd.
+		mnt, _, _, err := mountOf(int(r.Dir.Fd()))
+		if err != nil {
+			return err
 		}
+		w.mounts[mnt] = true
 		dirs, err := scanGitDirs(r, w)
 		if err != nil {
 			return err
@@ -105,8 +127,29 @@ func (p *Plan) protected() map[string]bool {
 	return m
 }
 
-// dir adds the directory open as fd to the watch.
-func (w *rootsWatch) dir(fd int) error {
+// mountOf is the unique ID of the mount the file open as fd is on, and
+// its device and inode.
+func mountOf(fd int) (mnt, dev, ino uint64, err error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO|unix.STATX_MNT_ID_UNIQUE, &stx); err != nil {
+		return 0, 0, 0, fmt.Errorf("statx: %w", err)
+	}
+	if stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
+		return 0, 0, 0, errors.New("the kernel gives no unique mount IDs (statx STATX_MNT_ID_UNIQUE, Linux 6.8)")
+	}
+	return stx.Mnt_id, unix.Mkdev(stx.Dev_major, stx.Dev_minor), stx.Ino, nil
+}
+
+// dir adds the directory open as fd, at rel in r, to the watch.
+func (w *rootsWatch) dir(fd int, r Root, rel string) error {
+	mnt, dev, ino, err := mountOf(fd)
+	if err != nil {
+		return err
+	}
+	if !w.mounts[mnt] {
+		w.mounts[mnt] = true
+		w.mountRoots = append(w.mountRoots, mountRoot{root: r, rel: rel, dev: dev, ino: ino, mnt: mnt})
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
@@ -151,14 +194,34 @@ func (w *rootsWatch) unchanged() bool {
 			return false
 		}
 	}
+	for _, m := range w.mountRoots {
+		fd, err := unix.Openat2(int(m.root.Dir.Fd()), m.rel, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			return false
+		}
+		mnt, dev, ino, err := mountOf(fd)
+		unix.Close(fd)
+		if err != nil || mnt != m.mnt || dev != m.dev || ino != m.ino {
+			return false
+		}
+	}
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	return err == nil && bytes.Equal(mounts, w.mounts)
+	return err == nil && bytes.Equal(mounts, w.mountinfo)
 }
 
+// gitNames are the entry names whose every change matters, whatever they
+// are: a .git, and a git directory's modules and worktrees (a symlink of
+// that name is listed through).
+var gitNames = map[string]bool{".git": true, "modules": true, "worktrees": true}
+
 // eventsMatter reports whether any of the inotify events in b could add a
-// git directory: one about a directory entry, or a .git, or the watched
-// directory itself (its mode, its removal or move), or a lost event. Others
-// are about files, which the scan never looks into but for .git.
+// git directory: one about a directory entry, or one of gitNames, or the
+// watched directory itself (its mode, its removal or move), or a lost
+// event. Others are about files, which the scan never looks into but for
+// .git.
 func eventsMatter(b []byte) bool {
 	const lost = unix.IN_Q_OVERFLOW | unix.IN_IGNORED | unix.IN_UNMOUNT | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF
 	for len(b) >= unix.SizeofInotifyEvent {
@@ -170,7 +233,7 @@ func eventsMatter(b []byte) bool {
 		}
 		name, _, _ := bytes.Cut(b[unix.SizeofInotifyEvent:end], []byte{0})
 		b = b[end:]
-		if mask&lost != 0 || mask&unix.IN_ISDIR != 0 || string(name) == ".git" || len(name) == 0 {
+		if mask&lost != 0 || mask&unix.IN_ISDIR != 0 || len(name) == 0 || gitNames[string(name)] {
 			return true
 		}
 	}

@@ -3,8 +3,11 @@ package protect
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -209,13 +212,177 @@ func TestWatchScansWhatItCannotVouchFor(t *testing.T) {
 // A root on a filesystem whose changes inotify may not all see is not
 // watched.
 func TestWatchRefuses(t *testing.T) {
-	w := &rootsWatch{devs: map[uint64]bool{}}
+	w := &rootsWatch{devs: map[uint64]bool{}, mounts: map[uint64]bool{}}
 	fd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if err := w.dir(fd); err == nil || !strings.Contains(err.Error(), "inotify may not see") {
+	if err := w.dir(fd, Root{Host: "/proc"}, "."); err == nil || !strings.Contains(err.Error(), "inotify may not see") {
 		t.Errorf("watch /proc: %v, want a refusal", err)
+	}
+}
+
+// watched is a plan of ws with its roots watched.
+func watched(t *testing.T, ws string) *Plan {
+	t.Helper()
+	p, err := prepare(t, ws, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Release)
+	if err := p.Watch(); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// What an outside review of the watch found: a git directory a .git file
+// names, put elsewhere by renaming a directory on its way that the walk
+// does not look at (under node_modules, deeper than it goes, inside a
+// .git); a symlink made where a git directory's modules go; a mount of
+// another directory at the same place, which mountinfo does not tell.
+func TestWatchReviewedWaysIn(t *testing.T) {
+	cases := map[string]struct {
+		setup, change func(t *testing.T, ws string)
+	}{
+		"a directory on a .git file's way, under node_modules, renamed": {
+			func(t *testing.T, ws string) {
+				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+				os.MkdirAll(filepath.Join(ws, "node_modules/p/gd"), 0o755)
+				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../node_modules/p/gd\n"), 0o644)
+			},
+			func(t *testing.T, ws string) {
+				os.Rename(filepath.Join(ws, "node_modules/p"), filepath.Join(ws, "node_modules/p.old"))
+				os.MkdirAll(filepath.Join(ws, "node_modules/p/gd/modules/evil"), 0o755)
+			},
+		},
+		"a directory on a .git file's way, deeper than the walk, renamed": {
+			func(t *testing.T, ws string) {
+				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+				os.MkdirAll(filepath.Join(ws, "a/b/c/d/e/gd"), 0o755)
+				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../a/b/c/d/e/gd\n"), 0o644)
+			},
+			func(t *testing.T, ws string) {
+				os.Rename(filepath.Join(ws, "a/b/c/d/e"), filepath.Join(ws, "a/b/c/d/e.old"))
+				os.MkdirAll(filepath.Join(ws, "a/b/c/d/e/gd/worktrees/evil"), 0o755)
+			},
+		},
+		"a directory on a .git file's way, inside a .git, renamed": {
+			func(t *testing.T, ws string) {
+				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+				os.MkdirAll(filepath.Join(ws, ".git/x/y/gd"), 0o755)
+				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../.git/x/y/gd\n"), 0o644)
+			},
+			func(t *testing.T, ws string) {
+				os.Rename(filepath.Join(ws, ".git/x/y"), filepath.Join(ws, ".git/x/y.old"))
+				os.MkdirAll(filepath.Join(ws, ".git/x/y/gd/modules/evil"), 0o755)
+			},
+		},
+		"a symlink made as a git directory's modules": {
+			func(t *testing.T, ws string) { os.MkdirAll(filepath.Join(ws, "store/evil"), 0o755) },
+			func(t *testing.T, ws string) { os.Symlink("../store", filepath.Join(ws, ".git/modules")) },
+		},
+		"a mount swapped for one of another directory at the same place": {
+			func(t *testing.T, ws string) {
+				testutil.RequiresRoot(t)
+				src := t.TempDir()
+				os.MkdirAll(filepath.Join(src, "a/src"), 0o755)
+				os.Mkdir(filepath.Join(ws, "m"), 0o755)
+				if err := unix.Mount(filepath.Join(src, "a/src"), filepath.Join(ws, "m"), "", unix.MS_BIND, ""); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { unix.Unmount(filepath.Join(ws, "m"), unix.MNT_DETACH) })
+				os.WriteFile(filepath.Join(ws, "src.path"), []byte(src), 0o644)
+			},
+			func(t *testing.T, ws string) {
+				src, _ := os.ReadFile(filepath.Join(ws, "src.path"))
+				if err := unix.Unmount(filepath.Join(ws, "m"), 0); err != nil {
+					t.Fatal(err)
+				}
+				os.Rename(filepath.Join(string(src), "a"), filepath.Join(string(src), "a.old"))
+				os.MkdirAll(filepath.Join(string(src), "a/src/.git"), 0o755)
+				if err := unix.Mount(filepath.Join(string(src), "a/src"), filepath.Join(ws, "m"), "", unix.MS_BIND, ""); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			ws := t.TempDir()
+			git(t, ws, "init", "-q")
+			c.setup(t, ws)
+			p := watched(t, ws)
+			before, err := findGitDirs(p.roots[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			stale, _ := staleAfter(t, p, func() { c.change(t, ws) })
+			after, err := findGitDirs(p.roots[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(after) <= len(before) {
+				t.Fatalf("the change made no git directory a scan finds: %q, then %q", before, after)
+			}
+			if !stale {
+				t.Errorf("Stale = false; a scan finds %q, the plan protects %q", after, p.GitDirs)
+			}
+		})
+	}
+}
+
+// A .git file's path is where git goes: its symlinks followed before its
+// "..", as git does, not the path cleaned as written.
+func TestGitFileFollowedAsGitDoes(t *testing.T) {
+	ws := t.TempDir()
+	git(t, ws, "init", "-q")
+	for _, dir := range []string{"wt/gd", "node_modules/x", "node_modules/gd"} {
+		os.MkdirAll(filepath.Join(ws, dir), 0o755)
+	}
+	os.Symlink("../node_modules/x", filepath.Join(ws, "wt/l"))
+	os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: l/../gd\n"), 0o644)
+	got, err := findGitDirs(Root{Host: ws, Dir: openDir(t, ws)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got, "node_modules/gd") || slices.Contains(got, "wt/gd") {
+		t.Errorf("found %q, want node_modules/gd (where git goes) and not wt/gd", got)
+	}
+}
+
+// A .git file that cannot be read stops the scan: the repository it names
+// could not be protected.
+func TestUnreadableGitFileRefused(t *testing.T) {
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+	os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../gd\n"), 0o644)
+	f, err := os.Open(filepath.Join(ws, "wt/.git"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// A write lease makes a non-blocking open fail until it is broken.
+	signal.Ignore(syscall.SIGIO)
+	defer signal.Reset(syscall.SIGIO)
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_WRLCK); err != nil {
+		t.Skipf("no lease: %v", err)
+	}
+	defer unix.FcntlInt(f.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+	if _, err := findGitDirs(Root{Host: ws, Dir: openDir(t, ws)}); err == nil || !strings.Contains(err.Error(), "cannot be read") {
+		t.Errorf("scan with wt/.git leased: %v, want a refusal", err)
+	}
+}
+
+// A released plan is neither watched nor checked.
+func TestReleasedPlanRefused(t *testing.T) {
+	_, p := repoPlan(t)
+	p.Release()
+	if err := p.Watch(); err == nil {
+		t.Error("Watch of a released plan succeeded")
+	}
+	if _, err := p.Stale(); err == nil {
+		t.Error("Stale of a released plan succeeded")
 	}
 }
