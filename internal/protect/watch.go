@@ -33,9 +33,9 @@ var watchedFS = map[int64]string{
 // before it read each: any change that could add a git directory since is
 // an event in its inotify queue.
 type rootsWatch struct {
-	fd     int             // inotify, non-blocking
-	mountinfo []byte       // /proc/self/mountinfo when the watch began: a mount beneath a root is no event
-	devs   map[uint64]bool // the devices of watched directories, each on a filesystem of watchedFS
+	fd        int             // inotify, non-blocking
+	mountinfo []byte          // /proc/self/mountinfo when the watch began: a mount beneath a root is no event
+	devs      map[uint64]bool // the devices of watched directories, each on a filesystem of watchedFS
 	// gitFiles are the .git files the scan read, to be read again.
 	gitFiles []gitFile
 	// mountRoots are the watched directories that are the root of a mount
