@@ -53,18 +53,15 @@ func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
 	seen := map[string]bool{}
 	// watchAt adds the directory at rel, which may be missing, to w.
 	watchAt := func(rel string) (missing bool, err error) {
-		fd, err := unix.Openat2(int(r.Dir.Fd()), rel, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
+		f, err := openBeneath(r.Dir, rel)
 		if errors.Is(err, unix.ENOENT) {
 			return true, nil
 		}
 		if err != nil {
 			return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
 		}
-		defer unix.Close(fd)
-		return false, w.dir(fd, r, rel)
+		defer f.Close()
+		return false, w.dir(int(f.Fd()), r, rel) // IN_ONLYDIR: a directory
 	}
 	// watchPath adds every directory from the root down to rel to w: a
 	// git directory a .git file names may lie where the walk does not

@@ -195,15 +195,12 @@ func (w *rootsWatch) unchanged() bool {
 		}
 	}
 	for _, m := range w.mountRoots {
-		fd, err := unix.Openat2(int(m.root.Dir.Fd()), m.rel, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
+		f, err := openBeneath(m.root.Dir, m.rel)
 		if err != nil {
 			return false
 		}
-		mnt, dev, ino, err := mountOf(fd)
-		unix.Close(fd)
+		mnt, dev, ino, err := mountOf(int(f.Fd()))
+		f.Close()
 		if err != nil || mnt != m.mnt || dev != m.dev || ino != m.ino {
 			return false
 		}

@@ -243,42 +243,10 @@ func watched(t *testing.T, ws string) *Plan {
 // .git); a symlink made where a git directory's modules go; a mount of
 // another directory at the same place, which mountinfo does not tell.
 func TestWatchReviewedWaysIn(t *testing.T) {
-	cases := map[string]struct {
-		setup, change func(t *testing.T, ws string)
-	}{
-		"a directory on a .git file's way, under node_modules, renamed": {
-			func(t *testing.T, ws string) {
-				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
-				os.MkdirAll(filepath.Join(ws, "node_modules/p/gd"), 0o755)
-				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../node_modules/p/gd\n"), 0o644)
-			},
-			func(t *testing.T, ws string) {
-				os.Rename(filepath.Join(ws, "node_modules/p"), filepath.Join(ws, "node_modules/p.old"))
-				os.MkdirAll(filepath.Join(ws, "node_modules/p/gd/modules/evil"), 0o755)
-			},
-		},
-		"a directory on a .git file's way, deeper than the walk, renamed": {
-			func(t *testing.T, ws string) {
-				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
-				os.MkdirAll(filepath.Join(ws, "a/b/c/d/e/gd"), 0o755)
-				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../a/b/c/d/e/gd\n"), 0o644)
-			},
-			func(t *testing.T, ws string) {
-				os.Rename(filepath.Join(ws, "a/b/c/d/e"), filepath.Join(ws, "a/b/c/d/e.old"))
-				os.MkdirAll(filepath.Join(ws, "a/b/c/d/e/gd/worktrees/evil"), 0o755)
-			},
-		},
-		"a directory on a .git file's way, inside a .git, renamed": {
-			func(t *testing.T, ws string) {
-				os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
-				os.MkdirAll(filepath.Join(ws, ".git/x/y/gd"), 0o755)
-				os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../.git/x/y/gd\n"), 0o644)
-			},
-			func(t *testing.T, ws string) {
-				os.Rename(filepath.Join(ws, ".git/x/y"), filepath.Join(ws, ".git/x/y.old"))
-				os.MkdirAll(filepath.Join(ws, ".git/x/y/gd/modules/evil"), 0o755)
-			},
-		},
+	cases := map[string]reviewedCase{
+		"a directory on a .git file's way, under node_modules, renamed":   renamedOnTheWay("node_modules/p/gd", "node_modules/p", "modules/evil"),
+		"a directory on a .git file's way, deeper than the walk, renamed": renamedOnTheWay("a/b/c/d/e/gd", "a/b/c/d/e", "worktrees/evil"),
+		"a directory on a .git file's way, inside a .git, renamed":        renamedOnTheWay(".git/x/y/gd", ".git/x/y", "modules/evil"),
 		"a symlink made as a git directory's modules": {
 			func(t *testing.T, ws string) { os.MkdirAll(filepath.Join(ws, "store/evil"), 0o755) },
 			func(t *testing.T, ws string) { os.Symlink("../store", filepath.Join(ws, ".git/modules")) },
@@ -330,6 +298,28 @@ func TestWatchReviewedWaysIn(t *testing.T) {
 				t.Errorf("Stale = false; a scan finds %q, the plan protects %q", after, p.GitDirs)
 			}
 		})
+	}
+}
+
+// reviewedCase is a state a watched plan starts from (setup) and a change
+// after which a scan finds a git directory the plan does not protect.
+type reviewedCase struct {
+	setup, change func(t *testing.T, ws string)
+}
+
+// renamedOnTheWay: wt/.git names gd; the change renames renamed, a
+// directory on gd's way, and makes gd again there with made beneath it.
+func renamedOnTheWay(gd, renamed, made string) reviewedCase {
+	return reviewedCase{
+		func(t *testing.T, ws string) {
+			os.MkdirAll(filepath.Join(ws, "wt"), 0o755)
+			os.MkdirAll(filepath.Join(ws, gd), 0o755)
+			os.WriteFile(filepath.Join(ws, "wt/.git"), []byte("gitdir: ../"+gd+"\n"), 0o644)
+		},
+		func(t *testing.T, ws string) {
+			os.Rename(filepath.Join(ws, renamed), filepath.Join(ws, renamed+".old"))
+			os.MkdirAll(filepath.Join(ws, gd, made), 0o755)
+		},
 	}
 }
 
