@@ -48,6 +48,9 @@ deny mount-config sh -c 'echo x >> /work/.git/config'
 deny mount-bashrc sh -c 'echo x > /work/.bashrc'
 deny mount-mcp sh -c 'echo {} > /work/.mcp.json'
 deny mount-mv-git sh -c 'mv /work/.git /work/.git2 && mkdir -p /work/.git/hooks && echo x > /work/.git/hooks/pre-commit'
+deny gitdir-vscode sh -c 'echo x > .vscode/tasks.json'
+deny gitdir-claude sh -c 'mkdir -p .claude/commands && echo x > .claude/commands/c.md'
+deny gitdir-in-home sh -c 'echo x > ../home/node_modules/r.git/hooks/pre-commit'
 allow root-git-work sh -c 'echo a > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm root-commit && git branch b2 && git log --oneline | grep -q root-commit'
 allow nested-git-work sh -c 'cd proj && echo b > b.txt && git add b.txt && git -c user.name=t -c user.email=t@t commit -qm nested-commit'
 allow mount-write sh -c 'echo m > /work/m.txt'
@@ -84,7 +87,10 @@ allow write-tmp sh -c 'echo x > /tmp/t && echo x > "$TMPDIR/t"'
 
 // rootsEnv is a roots battery's setup: a workspace without a repository
 // (but a repository nested in it) and an rw mount holding one, both made
-// on the host before the session.
+// on the host before the session; and .git files an earlier session could
+// have left in the workspace, naming as their git directories a protected
+// name (.vscode), a directory above protected names (.claude) and one in
+// home below where home's own scan looks.
 type rootsEnv struct {
 	home, ws, mount string
 	before          map[string][]byte // protected files as the host made them
@@ -99,6 +105,16 @@ func setupRoots(t *testing.T, home, strategy, script string, extra ...string) ro
 	e := rootsEnv{home: home, ws: filepath.Join(agentDir(t, home, "box"), "workspace"), mount: mount, before: map[string][]byte{}}
 	os.MkdirAll(filepath.Join(e.ws, "proj"), 0o755)
 	gitHost(t, filepath.Join(e.ws, "proj"), "init", "-q")
+	agentHome := filepath.Join(agentDir(t, home, "box"), "home")
+	for _, d := range []string{filepath.Join(agentHome, "node_modules/r.git"), filepath.Join(e.ws, ".vscode"), filepath.Join(e.ws, ".claude")} {
+		os.MkdirAll(d, 0o755)
+	}
+	for dir, gitdir := range map[string]string{"vsc": "../.vscode", "cl": "../.claude", "xr": agentHome + "/node_modules/r.git"} {
+		os.MkdirAll(filepath.Join(e.ws, dir), 0o755)
+		if err := os.WriteFile(filepath.Join(e.ws, dir, ".git"), []byte("gitdir: "+gitdir+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, p := range []string{filepath.Join(e.ws, "proj/.git/config"), filepath.Join(mount, ".git/config")} {
 		e.before[p], _ = os.ReadFile(p)
 	}
@@ -184,6 +200,8 @@ func (e rootsEnv) checkHost(t *testing.T, id string) {
 		filepath.Join(e.ws, ".git/hooks/pre-commit"), filepath.Join(e.ws, ".git2"), filepath.Join(e.ws, "cfglink"),
 		filepath.Join(e.ws, "proj/.git/hooks/pre-commit"), filepath.Join(e.ws, "proj/.git2"),
 		filepath.Join(e.mount, ".git/hooks/pre-commit"), filepath.Join(e.mount, ".git2"),
+		filepath.Join(e.ws, ".vscode/tasks.json"), filepath.Join(e.ws, ".claude/commands/c.md"),
+		filepath.Join(e.ws, "../home/node_modules/r.git/hooks/pre-commit"),
 	} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s exists on the host after the session", p)

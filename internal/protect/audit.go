@@ -43,12 +43,12 @@ func (p *Plan) Audit() []Finding {
 		was[g] = true
 	}
 	var out []Finding
-	for _, r := range p.roots {
-		gitDirs, err := findGitDirs(r)
-		if err != nil {
-			out = append(out, Finding{Path: r.Host, Reason: err.Error()})
+	found, errs := scanRoots(p.roots, nil)
+	for i, r := range p.roots {
+		if errs[i] != nil {
+			out = append(out, Finding{Path: r.Host, Reason: errs[i].Error()})
 		}
-		for _, rel := range gitDirs {
+		for _, rel := range found[i] {
 			g := filepath.Join(r.Host, rel)
 			if was[g] {
 				continue

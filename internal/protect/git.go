@@ -41,186 +41,262 @@ var boundReadOnly = func() map[string]bool {
 // points to, when they are inside r, but none beneath a protected name. It
 // reads r through its fd, so that it scans the directory the boundary
 // binds. A .git that is a symlink is refused: git follows it, and the
-// symlink could be pointed anywhere.
-func findGitDirs(r Root) ([]string, error) { return scanGitDirs(r, nil) }
+// symlink could be pointed anywhere. (scanRoots also follows .git files
+// from one root into another.)
+func findGitDirs(r Root) ([]string, error) {
+	s := newGitScan(r, nil)
+	err := s.walk()
+	return s.found, err
+}
 
-// scanGitDirs is findGitDirs; with w, it adds each directory it looks into
-// to w before it reads it, so that any change there after the read is an
-// event of w's (see Plan.Watch).
-func scanGitDirs(r Root, w *rootsWatch) ([]string, error) {
-	base := procPath(r.Dir)
-	var found []string
-	seen := map[string]bool{}
-	// watchAt adds the directory at rel, which may be missing, to w.
-	watchAt := func(rel string) (missing bool, err error) {
-		f, err := openBeneath(r.Dir, rel)
+// scanRoots finds the git directories of each of roots, as findGitDirs
+// does, and gives each root those a .git file in another root names: a
+// .git file in the workspace may name a git directory in home, below where
+// home's own walk looks, and git on the host follows it there. With w, each
+// directory looked into is watched (see Plan.Watch). errs[i] is what
+// stopped the scan of roots[i], or of a git directory handed to it.
+func scanRoots(roots []Root, w *rootsWatch) (found [][]string, errs []error) {
+	scans := make([]*gitScan, len(roots))
+	errs = make([]error, len(roots))
+	for i, r := range roots {
+		scans[i] = newGitScan(r, w)
+		errs[i] = scans[i].walk()
+	}
+	for j, err := range handOver(scans) {
+		errs[j] = errors.Join(errs[j], err)
+	}
+	for _, s := range scans {
+		found = append(found, s.found)
+	}
+	return found, errs
+}
+
+// handOver adds to each scan the git directories in its root that .git
+// files of the other scans' roots name; errs[j] is what adding them to
+// scans[j] met.
+func handOver(scans []*gitScan) (errs []error) {
+	errs = make([]error, len(scans))
+	for i, from := range scans {
+		for _, g := range from.elsewhere {
+			for j, to := range scans {
+				if j == i {
+					continue
+				}
+				if rel, ok := to.holds(g); ok {
+					errs[j] = errors.Join(errs[j], to.addGitDir(rel))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// gitScan looks for the git directories of one root (see findGitDirs).
+type gitScan struct {
+	r     Root
+	w     *rootsWatch // nil: nothing watched
+	found []string    // relative to r, in the order found
+	seen  map[string]bool
+	// elsewhere are the git directories .git files in r name outside it,
+	// as host paths: another root may hold them (handOver).
+	elsewhere []string
+	visited   int
+	buf       []byte
+}
+
+func newGitScan(r Root, w *rootsWatch) *gitScan {
+	return &gitScan{r: r, w: w, seen: map[string]bool{}, buf: make([]byte, 32<<10)}
+}
+
+// holds is host path g relative to the scan's root, when the root holds it.
+func (s *gitScan) holds(g string) (string, bool) {
+	root, err := os.Readlink(procPath(s.r.Dir))
+	if err != nil {
+		return "", false
+	}
+	rel, err := filepath.Rel(root, g)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", false
+	}
+	return rel, true
+}
+
+// watchAt adds the directory at rel, which may be missing, to the watch.
+func (s *gitScan) watchAt(rel string) error {
+	f, err := openBeneath(s.r.Dir, rel)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", filepath.Join(s.r.Host, rel), err)
+	}
+	defer f.Close()
+	return s.w.dir(int(f.Fd()), s.r, rel) // IN_ONLYDIR: a directory
+}
+
+// watchPath adds every directory from the root down to rel to the watch: a
+// git directory a .git file names may lie where the walk does not look
+// (deeper, under node_modules, in a .git, in another root), and a rename of
+// any directory on its way would put another there.
+func (s *gitScan) watchPath(rel string) (missing bool, err error) {
+	fd, err := unix.Openat(int(s.r.Dir.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	at := "."
+	for _, c := range strings.Split(rel, "/") {
+		next, err := unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
 		if errors.Is(err, unix.ENOENT) {
 			return true, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
+			return false, fmt.Errorf("watch %s: %w", filepath.Join(s.r.Host, at, c), err)
 		}
-		defer f.Close()
-		return false, w.dir(int(f.Fd()), r, rel) // IN_ONLYDIR: a directory
-	}
-	// watchPath adds every directory from the root down to rel to w: a
-	// git directory a .git file names may lie where the walk does not
-	// look (deeper, under node_modules, in a .git), and a rename of any
-	// directory on its way would put another there.
-	watchPath := func(rel string) (missing bool, err error) {
-		fd, err := unix.Openat(int(r.Dir.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
+		fd, at = next, filepath.Join(at, c)
+		if err := s.w.dir(fd, s.r, at); err != nil {
+			unix.Close(fd)
 			return false, err
 		}
-		at := "."
-		for _, c := range strings.Split(rel, "/") {
-			next, err := unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			unix.Close(fd)
-			if errors.Is(err, unix.ENOENT) {
-				return true, nil
-			}
-			if err != nil {
-				return false, fmt.Errorf("watch %s: %w", filepath.Join(r.Host, at, c), err)
-			}
-			fd, at = next, filepath.Join(at, c)
-			if err := w.dir(fd, r, at); err != nil {
-				unix.Close(fd)
-				return false, err
-			}
-		}
-		unix.Close(fd)
-		return false, nil
 	}
-	var addGitDir func(rel string) error
-	addGitDir = func(rel string) error {
-		if seen[rel] || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			return nil
+	unix.Close(fd)
+	return false, nil
+}
+
+// addGitDir adds the git directory at rel, with its modules' and
+// worktrees'.
+func (s *gitScan) addGitDir(rel string) error {
+	if s.seen[rel] || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+		return nil
+	}
+	s.seen[rel] = true
+	s.found = append(s.found, rel)
+	if s.w != nil {
+		// A git directory a .git file names may not be there yet,
+		// and nothing watched need show when it comes.
+		if missing, err := s.watchPath(rel); err != nil || missing {
+			s.w.changed = true
+			return err
 		}
-		seen[rel] = true
-		found = append(found, rel)
-		if w != nil {
-			// A git directory a .git file names may not be there yet,
-			// and nothing watched need show when it comes.
-			if missing, err := watchPath(rel); err != nil || missing {
-				w.changed = true
+	}
+	for _, sub := range []string{"modules", "worktrees"} {
+		if s.w != nil {
+			// One made later is an event of rel's.
+			if err := s.watchAt(filepath.Join(rel, sub)); err != nil {
 				return err
 			}
 		}
-		for _, sub := range []string{"modules", "worktrees"} {
-			if w != nil {
-				// One made later is an event of rel's.
-				if _, err := watchAt(filepath.Join(rel, sub)); err != nil {
+		entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), rel, sub))
+		for _, e := range entries {
+			if e.IsDir() {
+				if err := s.addGitDir(filepath.Join(rel, sub, e.Name())); err != nil {
 					return err
 				}
 			}
-			entries, _ := os.ReadDir(filepath.Join(base, rel, sub))
-			for _, e := range entries {
-				if e.IsDir() {
-					if err := addGitDir(filepath.Join(rel, sub, e.Name())); err != nil {
-						return err
-					}
-				}
-			}
 		}
-		return nil
 	}
-	// The walk goes from each directory's fd to its entries (openat,
-	// fstatat), so no lookup resolves a path from the root again, and it
-	// takes the entries' types from getdents: 34-39 -> 26 ms for 4913
-	// leaves under 307 directories here (BenchmarkFindGitDirs), about a
-	// syscall a leaf. No lookup of a directory it lists follows a symlink.
-	visited := 0
-	buf := make([]byte, 32<<10)
-	// gitEntry judges the .git entry of rel, whose type is typ (DT_*).
-	gitEntry := func(rel string, typ uint8) error {
-		dotGit := filepath.Join(rel, ".git")
-		switch typ {
-		case unix.DT_LNK:
-			return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to", filepath.Join(r.Host, dotGit))
-		case unix.DT_DIR:
-			return addGitDir(dotGit)
-		case unix.DT_REG:
-			data, err := readGitFile(r, dotGit)
-			if errors.Is(err, unix.ENOENT) {
-				return nil // gone since it was listed
-			}
-			if err != nil {
-				// Unread, the git directory it names would go unprotected.
-				return fmt.Errorf("%s cannot be read (%v), so the repository it names cannot be protected: make it a readable file, or remove it", filepath.Join(r.Host, dotGit), err)
-			}
-			if w != nil {
-				// A write to the file through another of its names (a
-				// link, an fd opened by one) is an event of that name's
-				// directory only: the claim reads it again.
-				w.gitFiles = append(w.gitFiles, gitFile{root: r, rel: dotGit, data: data})
-			}
-			if g, ok := gitFileDir(r, dotGit, data); ok {
-				return addGitDir(g)
-			}
+	return nil
+}
+
+// gitEntry judges the .git entry of rel, whose type is typ (DT_*).
+func (s *gitScan) gitEntry(rel string, typ uint8) error {
+	dotGit := filepath.Join(rel, ".git")
+	switch typ {
+	case unix.DT_LNK:
+		return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to", filepath.Join(s.r.Host, dotGit))
+	case unix.DT_DIR:
+		return s.addGitDir(dotGit)
+	case unix.DT_REG:
+		data, err := readGitFile(s.r, dotGit)
+		if errors.Is(err, unix.ENOENT) {
+			return nil // gone since it was listed
 		}
-		return nil
-	}
-	// visit scans rel, the entry name of the directory parent.
-	var visit func(parent int, name, rel string, depth int) error
-	visit = func(parent int, name, rel string, depth int) error {
-		visited++
-		if visited > scanMaxDirs {
-			return nil
-		}
-		// Only its .git is looked at in a leaf, and in a directory that
-		// cannot be listed.
-		onlyGit := func() error {
-			dir, path := parent, filepath.Join(name, ".git")
-			if w != nil {
-				fd, err := unix.Openat(parent, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-				if err != nil {
-					return fmt.Errorf("watch %s: %w", filepath.Join(r.Host, rel), err)
-				}
-				defer unix.Close(fd)
-				if err := w.dir(fd, r, rel); err != nil {
-					return err
-				}
-				dir, path = fd, ".git"
-			}
-			var st unix.Stat_t
-			if unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-				return gitEntry(rel, direntType(st.Mode))
-			}
-			return nil
-		}
-		if depth == scanDepth {
-			return onlyGit()
-		}
-		fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return onlyGit()
+			// Unread, the git directory it names would go unprotected.
+			return fmt.Errorf("%s cannot be read (%v), so the repository it names cannot be protected: make it a readable file, or remove it", filepath.Join(s.r.Host, dotGit), err)
 		}
-		defer unix.Close(fd)
-		if w != nil {
-			if err := w.dir(fd, r, rel); err != nil {
+		if s.w != nil {
+			// A write to the file through another of its names (a
+			// link, an fd opened by one) is an event of that name's
+			// directory only: the claim reads it again.
+			s.w.gitFiles = append(s.w.gitFiles, gitFile{root: s.r, rel: dotGit, data: data})
+		}
+		switch g := gitFileDir(s.r, dotGit, data); {
+		case g == "":
+		case filepath.IsAbs(g):
+			s.elsewhere = append(s.elsewhere, g)
+		default:
+			return s.addGitDir(g)
+		}
+	}
+	return nil
+}
+
+// walk scans the root. It goes from each directory's fd to its entries
+// (openat, fstatat), so no lookup resolves a path from the root again, and
+// it takes the entries' types from getdents: 34-39 -> 26 ms for 4913
+// leaves under 307 directories here (BenchmarkFindGitDirs), about a
+// syscall a leaf. No lookup of a directory it lists follows a symlink.
+func (s *gitScan) walk() error { return s.visit(int(s.r.Dir.Fd()), ".", ".", 0) }
+
+// visit scans rel, the entry name of the directory parent.
+func (s *gitScan) visit(parent int, name, rel string, depth int) error {
+	s.visited++
+	if s.visited > scanMaxDirs {
+		return nil
+	}
+	// Only its .git is looked at in a leaf, and in a directory that
+	// cannot be listed.
+	onlyGit := func() error {
+		dir, path := parent, filepath.Join(name, ".git")
+		if s.w != nil {
+			fd, err := unix.Openat(parent, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("watch %s: %w", filepath.Join(s.r.Host, rel), err)
+			}
+			defer unix.Close(fd)
+			if err := s.w.dir(fd, s.r, rel); err != nil {
 				return err
 			}
+			dir, path = fd, ".git"
 		}
-		subdirs, gitType, err := readEntries(fd, buf)
-		if err != nil {
-			return onlyGit()
-		}
-		if gitType != unix.DT_UNKNOWN {
-			if err := gitEntry(rel, gitType); err != nil {
-				return err
-			}
-		}
-		for _, sub := range subdirs {
-			subRel := filepath.Join(rel, sub)
-			if sub != skipScanning && !boundReadOnly[subRel] {
-				if err := visit(fd, sub, subRel, depth+1); err != nil {
-					return err
-				}
-			}
+		var st unix.Stat_t
+		if unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			return s.gitEntry(rel, direntType(st.Mode))
 		}
 		return nil
 	}
-	return found, visit(int(r.Dir.Fd()), ".", ".", 0)
+	if depth == scanDepth {
+		return onlyGit()
+	}
+	fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return onlyGit()
+	}
+	defer unix.Close(fd)
+	if s.w != nil {
+		if err := s.w.dir(fd, s.r, rel); err != nil {
+			return err
+		}
+	}
+	subdirs, gitType, err := readEntries(fd, s.buf)
+	if err != nil {
+		return onlyGit()
+	}
+	if gitType != unix.DT_UNKNOWN {
+		if err := s.gitEntry(rel, gitType); err != nil {
+			return err
+		}
+	}
+	for _, sub := range subdirs {
+		subRel := filepath.Join(rel, sub)
+		if sub != skipScanning && !boundReadOnly[subRel] {
+			if err := s.visit(fd, sub, subRel, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // readEntries lists the directory open as fd: the names of its
@@ -290,14 +366,19 @@ func direntType(mode uint32) uint8 {
 }
 
 // gitFileDir is the git directory a .git file at rel in r names with data
-// ("gitdir: PATH"), relative to r, when it is inside r.
-func gitFileDir(r Root, rel string, data []byte) (string, bool) {
+// ("gitdir: PATH"): relative to r when it is inside r, else as an absolute
+// host path ("": data names none).
+func gitFileDir(r Root, rel string, data []byte) string {
 	line, _, _ := bytes.Cut(data, []byte("\n"))
 	p, ok := strings.CutPrefix(strings.TrimSpace(string(line)), "gitdir:")
 	if !ok {
-		return "", false
+		return ""
 	}
 	p = strings.TrimSpace(p)
+	root, err := os.Readlink(procPath(r.Dir))
+	if err != nil {
+		return ""
+	}
 	// git follows the path's symlinks before its "..": where the path
 	// leads now is the git directory git would use ("l/../gd" with l a
 	// symlink is not "gd"). Only a path that leads nowhere yet is taken as
@@ -306,27 +387,22 @@ func gitFileDir(r Root, rel string, data []byte) (string, bool) {
 	if !filepath.IsAbs(p) {
 		raw = filepath.Dir(rel) + "/" + p
 	}
-	if fd, err := unix.Openat(int(r.Dir.Fd()), raw, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
-		target, terr := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-		unix.Close(fd)
-		root, rerr := os.Readlink(procPath(r.Dir))
-		if terr != nil || rerr != nil {
-			return "", false
-		}
-		t, err := filepath.Rel(root, target)
-		if err != nil || t == ".." || strings.HasPrefix(t, "../") {
-			return "", false // outside the root: not this root's to protect
-		}
-		return t, true
-	}
+	target := filepath.Join(root, raw)
 	if filepath.IsAbs(p) {
-		t, err := filepath.Rel(r.Host, p)
-		if err != nil {
-			return "", false
-		}
-		return filepath.Clean(t), true
+		target = filepath.Clean(p)
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(rel), p)), true
+	if fd, err := unix.Openat(int(r.Dir.Fd()), raw, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+		target, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		if err != nil {
+			return ""
+		}
+	}
+	t, err := filepath.Rel(root, target)
+	if err != nil || t == ".." || strings.HasPrefix(t, "../") {
+		return target // outside the root: another may hold it
+	}
+	return t
 }
 
 // readGitFile reads what of the .git file at rel in r names its git

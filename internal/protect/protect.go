@@ -15,10 +15,12 @@
 package protect
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -223,9 +225,27 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 		})
 	}
 	wg.Wait()
+	// Then the git directories .git files name in other roots, each
+	// protected by the planner of the root that holds it.
+	if errors.Join(errs...) == nil {
+		scans := make([]*gitScan, len(planners))
+		was := make([]int, len(scans))
+		for i := range planners {
+			scans[i], was[i] = planners[i].scan, len(planners[i].scan.found)
+		}
+		for j, err := range handOver(scans) {
+			errs[j] = errors.Join(errs[j], err)
+			for _, g := range scans[j].found[was[j]:] {
+				if errs[j] == nil {
+					errs[j] = planners[j].protectGitDir(roots[j], g)
+				}
+			}
+		}
+	}
 	// Everything opened goes into the plan (closed with it on an error);
 	// the first root's error is the start's.
 	for i := range planners {
+		planners[i].root.order()
 		plan.Roots = append(plan.Roots, planners[i].root)
 		plan.GitDirs = append(plan.GitDirs, planners[i].gitDirs...)
 		placeholders = append(placeholders, planners[i].placeholders...)
@@ -244,6 +264,7 @@ type planner struct {
 	root         RootPlan
 	gitDirs      []string
 	placeholders []placeholder
+	scan         *gitScan // nil until the root's walk
 }
 
 func (p *planner) protectRoot(r Root) error {
@@ -264,11 +285,11 @@ func (p *planner) protectRoot(r Root) error {
 			return err
 		}
 	}
-	gitDirs, err := findGitDirs(r)
-	if err != nil {
+	p.scan = newGitScan(r, nil)
+	if err := p.scan.walk(); err != nil {
 		return err
 	}
-	for _, g := range gitDirs {
+	for _, g := range p.scan.found {
 		if err := p.protectGitDir(r, g); err != nil {
 			return err
 		}
@@ -279,21 +300,67 @@ func (p *planner) protectRoot(r Root) error {
 // protectGitDir protects the git directory at rel in r. The directory itself
 // is bound onto itself first, so that it is a mount point: renaming it away
 // (mv .git .git2 && mkdir .git) fails.
+//
+// A .git file may name any directory as its git directory: one at or
+// beneath a protected name is read-only with it already, and a writable
+// bind of its own would undo that (gitdir: ../.vscode made .vscode
+// writable); the root itself is a mount already. Binds of directories
+// above others are put before them (RootPlan.order).
 func (p *planner) protectGitDir(r Root, rel string) error {
 	g, err := openBeneath(r.Dir, rel)
 	if err != nil {
 		return fmt.Errorf("git directory %s: %w", filepath.Join(r.Host, rel), describe(err))
 	}
-	if err := p.bind(r, rel, g, false); err != nil {
+	p.gitDirs = append(p.gitDirs, filepath.Join(r.Host, rel))
+	if beneathProtected(rel) {
+		g.Close()
+		return nil
+	}
+	if rel == "." {
+		g.Close()
+	} else if err := p.bind(r, rel, g, false); err != nil {
 		return err
 	}
-	p.gitDirs = append(p.gitDirs, filepath.Join(r.Host, rel))
 	for _, gp := range gitProtected {
 		if err := p.protect(r, filepath.Join(rel, gp.name), gp.ph); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// beneathProtected reports whether rel is a protected name or beneath one.
+func beneathProtected(rel string) bool {
+	for q := rel; q != "." && q != "/"; q = filepath.Dir(q) {
+		if boundReadOnly[q] {
+			return true
+		}
+	}
+	return false
+}
+
+// order puts the root's binds in the order of their depth, keeping the
+// order of those at the same depth: a bind covers what was bound beneath
+// its target before it, so a git directory above a protected name (one a
+// .git file names: gitdir: ../.claude) is bound before the name, not over
+// it. The root's own bind stays first.
+func (r *RootPlan) order() {
+	depth := func(rel string) int {
+		if rel == "." {
+			return 0
+		}
+		return strings.Count(rel, "/") + 1
+	}
+	idx := make([]int, len(r.Binds))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(depth(r.Checks[a].Rel), depth(r.Checks[b].Rel)) })
+	binds, checks := make([]Bind, len(idx)), make([]Check, len(idx))
+	for k, i := range idx {
+		binds[k], checks[k] = r.Binds[i], r.Checks[i]
+	}
+	r.Binds, r.Checks = binds, checks
 }
 
 // protect binds rel in r read-only, or a placeholder of kind ph where it is
@@ -599,16 +666,13 @@ func (p *Plan) Stale() (bool, error) {
 	}
 	p.staleScans++
 	protected := p.protected()
-	for _, r := range p.roots {
-		if r.Dir == nil {
-			return false, fmt.Errorf("the plan of %s was released", r.Host)
-		}
-		dirs, err := findGitDirs(r)
-		if err != nil {
-			return false, err
-		}
+	found, errs := scanRoots(p.roots, nil)
+	if err := errors.Join(errs...); err != nil {
+		return false, err
+	}
+	for i, dirs := range found {
 		for _, g := range dirs {
-			if !protected[filepath.Join(r.Host, g)] {
+			if !protected[filepath.Join(p.roots[i].Host, g)] {
 				return true, nil
 			}
 		}

@@ -96,7 +96,6 @@ func (p *Plan) Watch() (retErr error) {
 	if p.released {
 		return errors.New("the plan was released")
 	}
-	protected := p.protected()
 	for _, r := range p.roots {
 		// Each root's own mount is held by its fd.
 		mnt, _, _, err := mountOf(int(r.Dir.Fd()))
@@ -104,12 +103,15 @@ func (p *Plan) Watch() (retErr error) {
 			return err
 		}
 		w.mounts[mnt] = true
-		dirs, err := scanGitDirs(r, w)
-		if err != nil {
-			return err
-		}
+	}
+	protected := p.protected()
+	found, errs := scanRoots(p.roots, w)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i, dirs := range found {
 		for _, g := range dirs {
-			if !protected[filepath.Join(r.Host, g)] {
+			if !protected[filepath.Join(p.roots[i].Host, g)] {
 				w.changed = true // made since Prepare: stale already
 			}
 		}
