@@ -82,7 +82,10 @@ func handOver(scans []*gitScan) (errs []error) {
 				if j == i {
 					continue
 				}
-				if rel, ok := to.holds(g); ok {
+				if rel, ok := to.holds(g.dir); ok {
+					if to.namedBy[rel] == "" {
+						to.namedBy[rel] = g.gitFile
+					}
 					errs[j] = errors.Join(errs[j], to.addGitDir(rel))
 				}
 			}
@@ -97,15 +100,22 @@ type gitScan struct {
 	w     *rootsWatch // nil: nothing watched
 	found []string    // relative to r, in the order found
 	seen  map[string]bool
-	// elsewhere are the git directories .git files in r name outside it,
-	// as host paths: another root may hold them (handOver).
-	elsewhere []string
+	// namedBy is the .git file (a host path) that named each of found
+	// that one did, for the message when it is not there.
+	namedBy map[string]string
+	// elsewhere are the git directories .git files in r name outside it:
+	// another root may hold them (handOver).
+	elsewhere []namedGitDir
 	visited   int
 	buf       []byte
 }
 
+// namedGitDir is a git directory (a host path) and the .git file (a host
+// path) that names it.
+type namedGitDir struct{ dir, gitFile string }
+
 func newGitScan(r Root, w *rootsWatch) *gitScan {
-	return &gitScan{r: r, w: w, seen: map[string]bool{}, buf: make([]byte, 32<<10)}
+	return &gitScan{r: r, w: w, seen: map[string]bool{}, namedBy: map[string]string{}, buf: make([]byte, 32<<10)}
 }
 
 // holds is host path g relative to the scan's root, when the root holds it.
@@ -224,8 +234,11 @@ func (s *gitScan) gitEntry(rel string, typ uint8) error {
 		switch g := gitFileDir(s.r, dotGit, data); {
 		case g == "":
 		case filepath.IsAbs(g):
-			s.elsewhere = append(s.elsewhere, g)
+			s.elsewhere = append(s.elsewhere, namedGitDir{g, filepath.Join(s.r.Host, dotGit)})
 		default:
+			if s.namedBy[g] == "" {
+				s.namedBy[g] = filepath.Join(s.r.Host, dotGit)
+			}
 			return s.addGitDir(g)
 		}
 	}

@@ -188,3 +188,31 @@ func TestGitDirAtAProtectedName(t *testing.T) {
 		})
 	}
 }
+
+// A .git file naming a git directory that is not there stops the start (a
+// runtime could make it, unprotected), and the message names the file.
+func TestGitFileNamingNothingRefused(t *testing.T) {
+	for name, gitdir := range map[string]func(home string) string{
+		"in its root":     func(string) string { return "../gone" },
+		"in another root": func(home string) string { return home + "/gone" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			base := t.TempDir()
+			ws, home := filepath.Join(base, "ws"), filepath.Join(base, "home")
+			os.Mkdir(home, 0o755)
+			mustWrite(t, filepath.Join(ws, "sub/.git"), "gitdir: "+gitdir(home)+"\n")
+			_, err := Prepare(filepath.Join(base, "ledger.json"), []Root{
+				{Host: ws, Dir: openDir(t, ws), Target: ws, Workspace: true},
+				{Host: home, Dir: openDir(t, home), Target: home, Home: true},
+			})
+			want := filepath.Join(ws, "sub/.git") + " names "
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "does not exist") {
+				t.Fatalf("Prepare: %v, want an error saying %q ... does not exist", err, want)
+			}
+			// Nothing of the refused start stays: no placeholder.
+			if _, err := os.Lstat(filepath.Join(ws, ".vscode")); !os.IsNotExist(err) {
+				t.Errorf("a placeholder of the refused start is left: %v", err)
+			}
+		})
+	}
+}

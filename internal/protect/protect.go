@@ -237,7 +237,7 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 			errs[j] = errors.Join(errs[j], err)
 			for _, g := range scans[j].found[was[j]:] {
 				if errs[j] == nil {
-					errs[j] = planners[j].protectGitDir(roots[j], g)
+					errs[j] = planners[j].protectGitDir(roots[j], g, scans[j].namedBy[g])
 				}
 			}
 		}
@@ -290,14 +290,15 @@ func (p *planner) protectRoot(r Root) error {
 		return err
 	}
 	for _, g := range p.scan.found {
-		if err := p.protectGitDir(r, g); err != nil {
+		if err := p.protectGitDir(r, g, p.scan.namedBy[g]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// protectGitDir protects the git directory at rel in r. The directory itself
+// protectGitDir protects the git directory at rel in r, which the .git
+// file namedBy names (""; found as a directory). The directory itself
 // is bound onto itself first, so that it is a mount point: renaming it away
 // (mv .git .git2 && mkdir .git) fails.
 //
@@ -306,8 +307,12 @@ func (p *planner) protectRoot(r Root) error {
 // bind of its own would undo that (gitdir: ../.vscode made .vscode
 // writable); the root itself is a mount already. Binds of directories
 // above others are put before them (RootPlan.order).
-func (p *planner) protectGitDir(r Root, rel string) error {
+func (p *planner) protectGitDir(r Root, rel, namedBy string) error {
 	g, err := openBeneath(r.Dir, rel)
+	if errors.Is(err, unix.ENOENT) && namedBy != "" {
+		// Made during the session, it would go unprotected.
+		return fmt.Errorf("%s names %s as its git directory, which does not exist: remove %s, or make the directory", namedBy, filepath.Join(r.Host, rel), namedBy)
+	}
 	if err != nil {
 		return fmt.Errorf("git directory %s: %w", filepath.Join(r.Host, rel), describe(err))
 	}
