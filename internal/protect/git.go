@@ -189,6 +189,28 @@ func (s *gitScan) addGitDir(rel string) error {
 			return err
 		}
 	}
+	// A commondir moves the repository's config and hooks to the
+	// directory it names, as git reads it (relative to the git
+	// directory).
+	switch data, err := readGitFile(s.r, filepath.Join(rel, "commondir")); {
+	case errors.Is(err, unix.ENOENT):
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		// A symlink on the way, or as commondir: its protection refuses
+		// it (a bind on a symlink would land where it points).
+	case err != nil:
+		return fmt.Errorf("%s cannot be read (%v), so the directory it names cannot be protected: make it a readable file, or remove it", filepath.Join(s.r.Host, rel, "commondir"), err)
+	default:
+		shown := filepath.Join(s.r.Host, rel, "commondir")
+		if p, ok := gitPath(data, ""); ok {
+			g, err := resolveGitPath(s.r, rel, p, shown)
+			if err != nil {
+				return err
+			}
+			if err := s.follow(filepath.Join(rel, "commondir"), data, g); err != nil {
+				return err
+			}
+		}
+	}
 	for _, sub := range []string{"modules", "worktrees"} {
 		if s.w != nil {
 			// One made later is an event of rel's.
@@ -225,22 +247,35 @@ func (s *gitScan) gitEntry(rel string, typ uint8) error {
 			// Unread, the git directory it names would go unprotected.
 			return fmt.Errorf("%s cannot be read (%v), so the repository it names cannot be protected: make it a readable file, or remove it", filepath.Join(s.r.Host, dotGit), err)
 		}
-		if s.w != nil {
-			// A write to the file through another of its names (a
-			// link, an fd opened by one) is an event of that name's
-			// directory only: the claim reads it again.
-			s.w.gitFiles = append(s.w.gitFiles, gitFile{root: s.r, rel: dotGit, data: data})
+		g, err := gitFileDir(s.r, dotGit, data)
+		if err != nil {
+			return err
 		}
-		switch g := gitFileDir(s.r, dotGit, data); {
-		case g == "":
-		case filepath.IsAbs(g):
-			s.elsewhere = append(s.elsewhere, namedGitDir{g, filepath.Join(s.r.Host, dotGit)})
-		default:
-			if s.namedBy[g] == "" {
-				s.namedBy[g] = filepath.Join(s.r.Host, dotGit)
-			}
-			return s.addGitDir(g)
+		return s.follow(dotGit, data, g)
+	}
+	return nil
+}
+
+// follow adds g, the git directory the file at rel (a .git file or a
+// commondir, read as data) names, to the scan or to elsewhere.
+func (s *gitScan) follow(rel string, data []byte, g string) error {
+	if s.w != nil {
+		// A write to the file through another of its names (a link, an
+		// fd opened by one) is an event of that name's directory only,
+		// and a symlink on the way to g may be pointed elsewhere: the
+		// claim reads and resolves it again.
+		s.w.gitFiles = append(s.w.gitFiles, gitFile{root: s.r, rel: rel, data: data, dir: g})
+	}
+	shown := filepath.Join(s.r.Host, rel)
+	switch {
+	case g == "":
+	case filepath.IsAbs(g):
+		s.elsewhere = append(s.elsewhere, namedGitDir{g, shown})
+	default:
+		if s.namedBy[g] == "" {
+			s.namedBy[g] = shown
 		}
+		return s.addGitDir(g)
 	}
 	return nil
 }
@@ -378,44 +413,66 @@ func direntType(mode uint32) uint8 {
 	return unix.DT_UNKNOWN
 }
 
-// gitFileDir is the git directory a .git file at rel in r names with data
-// ("gitdir: PATH"): relative to r when it is inside r, else as an absolute
-// host path ("": data names none).
-func gitFileDir(r Root, rel string, data []byte) string {
-	line, _, _ := bytes.Cut(data, []byte("\n"))
-	p, ok := strings.CutPrefix(strings.TrimSpace(string(line)), "gitdir:")
+// gitFileDir is the git directory a .git file at rel in r names with data,
+// as git reads it: relative to r when it is inside r, else as an absolute
+// host path ("": data names none, and git would refuse the file).
+func gitFileDir(r Root, rel string, data []byte) (string, error) {
+	p, ok := gitPath(data, "gitdir: ")
 	if !ok {
-		return ""
+		return "", nil
 	}
-	p = strings.TrimSpace(p)
+	return resolveGitPath(r, filepath.Dir(rel), p, filepath.Join(r.Host, rel))
+}
+
+// gitPath is the path a .git file (after prefix "gitdir: ") or a commondir
+// file (prefix "") holds, read as git reads them: the whole content up to
+// a NUL, less its trailing CRs and LFs, nothing else trimmed (a trailing
+// blank, a second line are part of the path).
+func gitPath(data []byte, prefix string) (string, bool) {
+	if i := bytes.IndexByte(data, 0); i >= 0 {
+		data = data[:i]
+	}
+	p, ok := bytes.CutPrefix(data, []byte(prefix))
+	p = bytes.TrimRight(p, "\r\n")
+	return string(p), ok && len(p) > 0
+}
+
+// resolveGitPath is where path p, relative to base in r (or absolute),
+// leads git, as gitFileDir gives it. git follows the path's symlinks
+// before its "..": where it leads now is the git directory git would use
+// ("l/../gd" with l a symlink is not "gd"); only a path that leads nowhere
+// yet is taken as written. A path through a magic link (/proc/self/cwd,
+// /dev/fd/N) leads where it does in git's process, not in this one: it is
+// refused. shown names the file that holds p, for the message.
+func resolveGitPath(r Root, base, p, shown string) (string, error) {
 	root, err := os.Readlink(procPath(r.Dir))
 	if err != nil {
-		return ""
+		return "", err
 	}
-	// git follows the path's symlinks before its "..": where the path
-	// leads now is the git directory git would use ("l/../gd" with l a
-	// symlink is not "gd"). Only a path that leads nowhere yet is taken as
-	// written.
 	raw := p
 	if !filepath.IsAbs(p) {
-		raw = filepath.Dir(rel) + "/" + p
+		raw = base + "/" + p
 	}
 	target := filepath.Join(root, raw)
 	if filepath.IsAbs(p) {
 		target = filepath.Clean(p)
 	}
-	if fd, err := unix.Openat(int(r.Dir.Fd()), raw, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+	fd, err := unix.Openat2(int(r.Dir.Fd()), raw, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
+	switch {
+	case err == nil:
 		target, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 		unix.Close(fd)
 		if err != nil {
-			return ""
+			return "", err
 		}
+	case errors.Is(err, unix.ELOOP):
+		return "", fmt.Errorf("%s names %q, a path through a magic link or too many symlinks, which leads elsewhere for git than here: write the git directory's own path there", shown, p)
 	}
 	t, err := filepath.Rel(root, target)
 	if err != nil || t == ".." || strings.HasPrefix(t, "../") {
-		return target // outside the root: another may hold it
+		return target, nil // outside the root: another may hold it
 	}
-	return t
+	return t, nil
 }
 
 // readGitFile reads what of the .git file at rel in r names its git

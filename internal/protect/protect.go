@@ -242,6 +242,13 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 			}
 		}
 	}
+	// Then what each root protects, again in every root that holds it: a
+	// rw mount of the workspace's parent shows the workspace a second
+	// time, where the workspace's own binds are not (bwrap binds them at
+	// its target; a VM share's virtiofsd has its own root's only).
+	if errors.Join(errs...) == nil {
+		errs = mirrorNested(planners, roots)
+	}
 	// Everything opened goes into the plan (closed with it on an error);
 	// the first root's error is the start's.
 	for i := range planners {
@@ -334,6 +341,53 @@ func (p *planner) protectGitDir(r Root, rel, namedBy string) error {
 	return nil
 }
 
+// mirrorNested adds the binds of each root to every other root that holds
+// it, each the object the inner root's plan opened; errs[i] is what stopped
+// roots[i]'s.
+func mirrorNested(planners []planner, roots []Root) (errs []error) {
+	errs = make([]error, len(roots))
+	paths := make([]string, len(roots))
+	own := make([]int, len(roots)) // each root's own checks, before any mirrored
+	for i, r := range roots {
+		paths[i], errs[i] = os.Readlink(procPath(r.Dir))
+		own[i] = len(planners[i].root.Checks)
+	}
+	if errors.Join(errs...) != nil {
+		return errs
+	}
+	for i := range roots {
+		for j := range roots {
+			off, err := filepath.Rel(paths[i], paths[j])
+			if i == j || err != nil || off == ".." || strings.HasPrefix(off, "../") {
+				continue
+			}
+			for _, c := range planners[j].root.Checks[1:own[j]] {
+				if errs[i] == nil {
+					errs[i] = planners[i].mirror(roots[i], filepath.Join(off, c.Rel), c)
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// mirror binds rel in r as c, another root's check of the same object, says.
+func (p *planner) mirror(r Root, rel string, c Check) error {
+	if slices.ContainsFunc(p.root.Checks, func(o Check) bool { return o.Rel == rel && o.ReadOnly == c.ReadOnly }) {
+		return nil
+	}
+	f, err := openBeneath(r.Dir, rel)
+	if err != nil {
+		return fmt.Errorf("%s cannot be protected: %w", filepath.Join(r.Host, rel), describe(err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Dev != c.Dev || st.Ino != c.Ino {
+		f.Close()
+		return fmt.Errorf("protected path %s changed while the boundary was planned: start the session again", filepath.Join(r.Host, rel))
+	}
+	return p.bind(r, rel, f, c.ReadOnly)
+}
+
 // beneathProtected reports whether rel is a protected name or beneath one.
 func beneathProtected(rel string) bool {
 	for q := rel; q != "." && q != "/"; q = filepath.Dir(q) {
@@ -356,9 +410,25 @@ func (r *RootPlan) order() {
 		}
 		return strings.Count(rel, "/") + 1
 	}
-	idx := make([]int, len(r.Binds))
-	for i := range idx {
-		idx[i] = i
+	// A writable bind at or beneath a read-only one (a git directory a
+	// .git file names at another's hooks: gitdir: ../.git/hooks) would
+	// undo it: it is left out, the directory being read-only with it.
+	var readOnly []string
+	for _, c := range r.Checks[1:] {
+		if c.ReadOnly {
+			readOnly = append(readOnly, c.Rel)
+		}
+	}
+	covered := func(rel string) bool {
+		return slices.ContainsFunc(readOnly, func(ro string) bool { return rel == ro || strings.HasPrefix(rel, ro+"/") })
+	}
+	var idx []int
+	for i, c := range r.Checks {
+		if i == 0 || c.ReadOnly || !covered(c.Rel) {
+			idx = append(idx, i)
+		} else {
+			r.Binds[i].File.Close()
+		}
 	}
 	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(depth(r.Checks[a].Rel), depth(r.Checks[b].Rel)) })
 	binds, checks := make([]Bind, len(idx)), make([]Check, len(idx))

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,6 +26,10 @@ func Verify(checks []Check) error {
 			unix.Close(fd)
 		}
 	}()
+	mounts, err := readMounts()
+	if err != nil {
+		return err
+	}
 	for _, c := range checks {
 		rfd, ok := roots[c.Root]
 		if !ok {
@@ -47,6 +54,9 @@ func Verify(checks []Check) error {
 			}
 		}
 		err := checkOne(fd, c)
+		if err == nil && fd != rfd {
+			err = checkMountRoot(mounts, rfd, fd, c)
+		}
 		if fd != rfd {
 			unix.Close(fd)
 		}
@@ -118,4 +128,99 @@ func ReadChecks(fd int) ([]Check, error) {
 		return nil, fmt.Errorf("read the protected paths: %w", err)
 	}
 	return checks, nil
+}
+
+// mount is a line of mountinfo: the device, the root (the path of what is
+// mounted, within its filesystem) and the mount point.
+type mount struct{ dev, root, point string }
+
+// readMounts reads /proc/self/mountinfo, by mount ID.
+func readMounts() (map[uint64]mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	m := map[uint64]mount{}
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		m[id] = mount{dev: f[2], root: unescapeMountinfo(f[3]), point: unescapeMountinfo(f[4])}
+	}
+	return m, nil
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a blank).
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// checkMountRoot checks that c's bind, open as fd, is a mount of the
+// directory its parent shows at its name: a parent renamed between the
+// plan and the mounts (allowed, though a mount is beneath it) and made
+// anew leaves every object the same, while the bind shows the old
+// directory at the new path and the real one, at the parent's new name, is
+// unprotected.
+func checkMountRoot(mounts map[uint64]mount, rootFD, fd int, c Check) error {
+	bm, err := mountOfFD(mounts, fd)
+	if err != nil {
+		return err
+	}
+	parent, err := unix.Openat2(rootFD, filepath.Dir(c.Rel), &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return fmt.Errorf("protected path %s/%s changed while the boundary was set up (%v): start the session again", c.Root, c.Rel, err)
+	}
+	defer unix.Close(parent)
+	pm, err := mountOfFD(mounts, parent)
+	if err != nil {
+		return err
+	}
+	if bm.dev != pm.dev {
+		return nil // another filesystem: its paths are its own
+	}
+	at, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(parent))
+	if err != nil {
+		return err
+	}
+	within, err := filepath.Rel(pm.point, at)
+	if err != nil {
+		return fmt.Errorf("protected path %s/%s: %w", c.Root, c.Rel, err)
+	}
+	if want := filepath.Join(pm.root, within, filepath.Base(c.Rel)); bm.root != want {
+		return fmt.Errorf("protected path %s/%s is bound from %s, not from %s: a directory on its way was renamed while the boundary was set up; start the session again", c.Root, c.Rel, bm.root, want)
+	}
+	return nil
+}
+
+// mountOfFD is the mountinfo line of the mount fd is on.
+func mountOfFD(mounts map[uint64]mount, fd int) (mount, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &stx); err != nil {
+		return mount{}, fmt.Errorf("statx: %w", err)
+	}
+	m, ok := mounts[stx.Mnt_id]
+	if !ok {
+		return mount{}, fmt.Errorf("mount %d is not in mountinfo", stx.Mnt_id)
+	}
+	return m, nil
 }

@@ -60,11 +60,13 @@ type mountRoot struct {
 	mnt      uint64
 }
 
-// gitFile is a .git file as the watch's scan read it.
+// gitFile is a .git file or a commondir as the watch's scan read it, and
+// where it led then (gitFileDir's answer).
 type gitFile struct {
 	root Root
 	rel  string
 	data []byte
+	dir  string
 }
 
 // Watch follows the plan's roots from now on, so that Stale, the check of
@@ -195,6 +197,9 @@ func (w *rootsWatch) unchanged() bool {
 		if data, err := readGitFile(g.root, g.rel); err != nil || !bytes.Equal(data, g.data) {
 			return false
 		}
+		if g.leadsElsewhere() {
+			return false
+		}
 	}
 	for _, m := range w.mountRoots {
 		f, err := openBeneath(m.root.Dir, m.rel)
@@ -211,10 +216,25 @@ func (w *rootsWatch) unchanged() bool {
 	return err == nil && bytes.Equal(mounts, w.mountinfo)
 }
 
+// leadsElsewhere reports whether g's path leads elsewhere now (a symlink
+// on its way pointed at another directory), or cannot be resolved.
+func (g gitFile) leadsElsewhere() bool {
+	base, prefix := filepath.Dir(g.rel), "gitdir: "
+	if filepath.Base(g.rel) == "commondir" {
+		prefix = ""
+	}
+	p, ok := gitPath(g.data, prefix)
+	if !ok {
+		return g.dir != ""
+	}
+	dir, err := resolveGitPath(g.root, base, p, "")
+	return err != nil || dir != g.dir
+}
+
 // gitNames are the entry names whose every change matters, whatever they
 // are: a .git, and a git directory's modules and worktrees (a symlink of
-// that name is listed through).
-var gitNames = map[string]bool{".git": true, "modules": true, "worktrees": true}
+// that name is listed through) and commondir.
+var gitNames = map[string]bool{".git": true, "modules": true, "worktrees": true, "commondir": true}
 
 // eventsMatter reports whether any of the inotify events in b could add a
 // git directory: one about a directory entry, or one of gitNames, or the
