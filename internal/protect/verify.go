@@ -30,6 +30,7 @@ func Verify(checks []Check) error {
 	if err != nil {
 		return err
 	}
+	mc := &mountCheck{mounts: mounts, parents: map[string]parentPath{}}
 	for _, c := range checks {
 		rfd, ok := roots[c.Root]
 		if !ok {
@@ -55,7 +56,7 @@ func Verify(checks []Check) error {
 		}
 		err := checkOne(fd, c)
 		if err == nil && fd != rfd {
-			err = checkMountRoot(mounts, rfd, fd, c)
+			err = mc.check(rfd, fd, c)
 		}
 		if fd != rfd {
 			unix.Close(fd)
@@ -172,44 +173,68 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// checkMountRoot checks that c's bind, open as fd, is a mount of the
+// mountCheck is the state of check for one Verify: mountinfo, and the
+// parents looked up so far (by root and directory).
+type mountCheck struct {
+	mounts  map[uint64]mount
+	parents map[string]parentPath
+}
+
+// parentPath is a directory's device and its path within its filesystem.
+type parentPath struct{ dev, path string }
+
+// check checks that c's bind, open as fd, is a mount of the
 // directory its parent shows at its name: a parent renamed between the
 // plan and the mounts (allowed, though a mount is beneath it) and made
 // anew leaves every object the same, while the bind shows the old
 // directory at the new path and the real one, at the parent's new name, is
 // unprotected.
-func checkMountRoot(mounts map[uint64]mount, rootFD, fd int, c Check) error {
-	bm, err := mountOfFD(mounts, fd)
+func (v *mountCheck) check(rootFD, fd int, c Check) error {
+	bm, err := mountOfFD(v.mounts, fd)
 	if err != nil {
 		return err
 	}
-	parent, err := unix.Openat2(rootFD, filepath.Dir(c.Rel), &unix.OpenHow{
+	// Most binds share a parent (the root, a .git): each is looked up once.
+	key := c.Root + "\x00" + filepath.Dir(c.Rel)
+	pp, ok := v.parents[key]
+	if !ok {
+		if pp, err = v.parent(rootFD, c); err != nil {
+			return err
+		}
+		v.parents[key] = pp
+	}
+	if bm.dev != pp.dev {
+		return nil // another filesystem: its paths are its own
+	}
+	if want := filepath.Join(pp.path, filepath.Base(c.Rel)); bm.root != want {
+		return fmt.Errorf("protected path %s/%s is bound from %s, not from %s: a directory on its way was renamed while the boundary was set up; start the session again", c.Root, c.Rel, bm.root, want)
+	}
+	return nil
+}
+
+// parent looks up the directory c's bind is in.
+func (v *mountCheck) parent(rootFD int, c Check) (parentPath, error) {
+	fd, err := unix.Openat2(rootFD, filepath.Dir(c.Rel), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return fmt.Errorf("protected path %s/%s changed while the boundary was set up (%v): start the session again", c.Root, c.Rel, err)
+		return parentPath{}, fmt.Errorf("protected path %s/%s changed while the boundary was set up (%v): start the session again", c.Root, c.Rel, err)
 	}
-	defer unix.Close(parent)
-	pm, err := mountOfFD(mounts, parent)
+	defer unix.Close(fd)
+	pm, err := mountOfFD(v.mounts, fd)
 	if err != nil {
-		return err
+		return parentPath{}, err
 	}
-	if bm.dev != pm.dev {
-		return nil // another filesystem: its paths are its own
-	}
-	at, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(parent))
+	at, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
-		return err
+		return parentPath{}, err
 	}
 	within, err := filepath.Rel(pm.point, at)
 	if err != nil {
-		return fmt.Errorf("protected path %s/%s: %w", c.Root, c.Rel, err)
+		return parentPath{}, fmt.Errorf("protected path %s/%s: %w", c.Root, c.Rel, err)
 	}
-	if want := filepath.Join(pm.root, within, filepath.Base(c.Rel)); bm.root != want {
-		return fmt.Errorf("protected path %s/%s is bound from %s, not from %s: a directory on its way was renamed while the boundary was set up; start the session again", c.Root, c.Rel, bm.root, want)
-	}
-	return nil
+	return parentPath{pm.dev, filepath.Join(pm.root, within)}, nil
 }
 
 // mountOfFD is the mountinfo line of the mount fd is on.
