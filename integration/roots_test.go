@@ -51,6 +51,8 @@ deny mount-mv-git sh -c 'mv /work/.git /work/.git2 && mkdir -p /work/.git/hooks 
 deny gitdir-vscode sh -c 'echo x > .vscode/tasks.json'
 deny gitdir-claude sh -c 'mkdir -p .claude/commands && echo x > .claude/commands/c.md'
 deny gitdir-in-home sh -c 'echo x > ../home/node_modules/r.git/hooks/pre-commit'
+deny nested-mv-parent sh -c 'mv proj proj2 && git init -q proj && echo x > proj/.git/hooks/pre-commit'
+deny claude-mv-parent sh -c 'mv .claude claude2 && mkdir -p .claude/commands && echo x > .claude/commands/c.md'
 allow root-git-work sh -c 'echo a > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm root-commit && git branch b2 && git log --oneline | grep -q root-commit'
 allow nested-git-work sh -c 'cd proj && echo b > b.txt && git add b.txt && git -c user.name=t -c user.email=t@t commit -qm nested-commit'
 allow mount-write sh -c 'echo m > /work/m.txt'
@@ -198,7 +200,7 @@ func (e rootsEnv) checkHost(t *testing.T, id string) {
 	}
 	for _, p := range []string{
 		filepath.Join(e.ws, ".git/hooks/pre-commit"), filepath.Join(e.ws, ".git2"), filepath.Join(e.ws, "cfglink"),
-		filepath.Join(e.ws, "proj/.git/hooks/pre-commit"), filepath.Join(e.ws, "proj/.git2"),
+		filepath.Join(e.ws, "proj/.git/hooks/pre-commit"), filepath.Join(e.ws, "proj/.git2"), filepath.Join(e.ws, "proj2"), filepath.Join(e.ws, "claude2"),
 		filepath.Join(e.mount, ".git/hooks/pre-commit"), filepath.Join(e.mount, ".git2"),
 		filepath.Join(e.ws, ".vscode/tasks.json"), filepath.Join(e.ws, ".claude/commands/c.md"),
 		filepath.Join(e.ws, "../home/node_modules/r.git/hooks/pre-commit"),

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Finding is something a run wrote that a host tool would run: a hook or a
@@ -38,10 +40,6 @@ var benignConfig = map[string]bool{
 // git directories in the plan's roots that it did not protect: those the run
 // created.
 func (p *Plan) Audit() []Finding {
-	was := map[string]bool{}
-	for _, g := range p.GitDirs {
-		was[g] = true
-	}
 	var out []Finding
 	found, errs := scanRoots(p.roots, nil)
 	for i, r := range p.roots {
@@ -50,7 +48,7 @@ func (p *Plan) Audit() []Finding {
 		}
 		for _, rel := range found[i] {
 			g := filepath.Join(r.Host, rel)
-			if was[g] {
+			if p.protects(r, rel) {
 				continue
 			}
 			dir := filepath.Join(procPath(r.Dir), rel)
@@ -60,6 +58,8 @@ func (p *Plan) Audit() []Finding {
 			}
 			if fi, err := os.Lstat(filepath.Join(dir, "commondir")); err == nil && fi.Mode().IsRegular() {
 				out = append(out, Finding{Path: filepath.Join(g, "commondir"), Reason: "git directory redirected by commondir, written during the session"})
+			} else {
+				out = append(out, notRegular(r, filepath.Join(rel, "commondir"), filepath.Join(g, "commondir"))...)
 			}
 		}
 	}
@@ -82,11 +82,25 @@ func auditHooks(gitDir, shown string) []Finding {
 	return out
 }
 
+// notRegular reports the file at rel in r when it is there but not a
+// regular file: git follows a symlinked config or commondir, which the
+// audit does not read through.
+func notRegular(r Root, rel, shown string) []Finding {
+	var st unix.Stat_t
+	if unix.Fstatat(int(r.Dir.Fd()), rel, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT == unix.S_IFREG {
+		return nil
+	}
+	return []Finding{{Path: shown, Reason: "not a regular file (a symlink git follows, say), made during the session"}}
+}
+
 // maxConfigRead bounds reading a config: a real one is a few hundred bytes.
 const maxConfigRead = 64 << 10
 
 // auditConfig reports the settings of a config file that are not benign.
 func auditConfig(r Root, rel, shown string) []Finding {
+	if f := notRegular(r, rel, shown); f != nil {
+		return f
+	}
 	f, err := openRegular(r.Dir, rel)
 	if err != nil {
 		return nil

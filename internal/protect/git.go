@@ -71,18 +71,59 @@ func scanRoots(roots []Root, w *rootsWatch) (found [][]string, errs []error) {
 	return found, errs
 }
 
-// handOver adds to each scan the git directories in its root that .git
-// files of the other scans' roots name; errs[j] is what adding them to
-// scans[j] met.
+// handOver adds to each scan the git directories in its root that the
+// other scans found: those .git files of their roots name outside them,
+// and those inside them that are in it too (the workspace inside a rw
+// mount of its parent: a .git file of the mount names a git directory in
+// the workspace, which the workspace's binds must protect as well);
+// errs[j] is what adding them to scans[j] met.
 func handOver(scans []*gitScan) (errs []error) {
 	errs = make([]error, len(scans))
+	// Paths are compared where they lie on their filesystems: a bind
+	// mount on the host is another path to the same directory.
+	mounts, err := readMounts()
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
 	for i, from := range scans {
+		given := slices.Clone(from.elsewhere)
+		// A root's own git directories named by another of its paths
+		// (elsewhere) are its own to protect too.
 		for _, g := range from.elsewhere {
+			loc, err := locate(mounts, g.dir)
+			if err != nil {
+				errs[i] = errors.Join(errs[i], err)
+				continue
+			}
+			for _, rel := range from.holds(mounts, loc) {
+				if from.namedBy[rel] == "" {
+					from.namedBy[rel] = g.gitFile
+				}
+				errs[i] = errors.Join(errs[i], from.addGitDir(rel))
+			}
+		}
+		root, err := os.Readlink(procPath(from.r.Dir))
+		if err != nil {
+			errs[i] = errors.Join(errs[i], err)
+			continue
+		}
+		for _, rel := range slices.Clone(from.found) {
+			given = append(given, namedGitDir{filepath.Join(root, rel), from.namedBy[rel]})
+		}
+		for _, g := range given {
+			loc, err := locate(mounts, g.dir)
+			if err != nil {
+				errs[i] = errors.Join(errs[i], err)
+				continue
+			}
 			for j, to := range scans {
 				if j == i {
 					continue
 				}
-				if rel, ok := to.holds(g.dir); ok {
+				for _, rel := range to.holds(mounts, loc) {
 					if to.namedBy[rel] == "" {
 						to.namedBy[rel] = g.gitFile
 					}
@@ -118,17 +159,9 @@ func newGitScan(r Root, w *rootsWatch) *gitScan {
 	return &gitScan{r: r, w: w, seen: map[string]bool{}, namedBy: map[string]string{}, buf: make([]byte, 32<<10)}
 }
 
-// holds is host path g relative to the scan's root, when the root holds it.
-func (s *gitScan) holds(g string) (string, bool) {
-	root, err := os.Readlink(procPath(s.r.Dir))
-	if err != nil {
-		return "", false
-	}
-	rel, err := filepath.Rel(root, g)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", false
-	}
-	return rel, true
+// holds is where the scan's root shows g, a location, relative to it.
+func (s *gitScan) holds(mounts map[uint64]mount, g fsLocation) []string {
+	return shownAt(mounts, s.r.Dir, g)
 }
 
 // watchAt adds the directory at rel, which may be missing, to the watch.
@@ -590,4 +623,80 @@ func removeTree(dir *os.File, rel string) {
 	}
 	sub.Close()
 	unix.Unlinkat(int(dir.Fd()), rel, unix.AT_REMOVEDIR)
+}
+
+// fsLocation is where a directory lies on its filesystem: the device and
+// the path beneath the filesystem's root, the same through every mount
+// that shows it (a bind mount is another path to it).
+type fsLocation struct{ dev, path string }
+
+// holds is g relative to l, when l holds it.
+func (l fsLocation) holds(g fsLocation) (string, bool) {
+	rel, err := filepath.Rel(l.path, g.path)
+	if l.dev != g.dev || err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", false
+	}
+	return rel, true
+}
+
+// locate is the fsLocation of host path p (absolute, in this namespace); a
+// path not there yet is located by its nearest parent that is.
+func locate(mounts map[uint64]mount, p string) (fsLocation, error) {
+	rest := ""
+	for {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err == nil {
+			defer unix.Close(fd)
+			return locateFD(mounts, fd, rest)
+		}
+		if !errors.Is(err, unix.ENOENT) || p == "/" {
+			return fsLocation{}, fmt.Errorf("locate %s: %w", p, err)
+		}
+		rest, p = filepath.Join(filepath.Base(p), rest), filepath.Dir(p)
+	}
+}
+
+// locateFD is the fsLocation of rest beneath the file open as fd.
+func locateFD(mounts map[uint64]mount, fd int, rest string) (fsLocation, error) {
+	m, err := mountOfFD(mounts, fd)
+	if err != nil {
+		return fsLocation{}, err
+	}
+	at, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return fsLocation{}, err
+	}
+	within, err := filepath.Rel(m.point, at)
+	if err != nil {
+		return fsLocation{}, err
+	}
+	return fsLocation{m.dev, filepath.Join(m.root, within, rest)}, nil
+}
+
+// shownAt is every path, relative to root, where root shows location g:
+// beneath the root's own location, and beneath each mount inside the root
+// (another path to a directory, bound there on the host).
+func shownAt(mounts map[uint64]mount, root *os.File, g fsLocation) []string {
+	loc, err := locateFD(mounts, int(root.Fd()), "")
+	if err != nil {
+		return nil
+	}
+	var at []string
+	if rel, ok := loc.holds(g); ok {
+		at = append(at, rel)
+	}
+	top, err := os.Readlink(procPath(root))
+	if err != nil {
+		return at
+	}
+	for _, m := range mounts {
+		point, err := filepath.Rel(top, m.point)
+		if err != nil || point == "." || point == ".." || strings.HasPrefix(point, "../") {
+			continue
+		}
+		if rel, ok := (fsLocation{m.dev, m.root}).holds(g); ok && !slices.Contains(at, filepath.Join(point, rel)) {
+			at = append(at, filepath.Join(point, rel))
+		}
+	}
+	return at
 }

@@ -18,6 +18,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -59,6 +60,9 @@ var gitProtected = []struct {
 	{"config.worktree", kind{}},
 	{"commondir", kind{content: ".\n"}},
 }
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
 
 // kind is what a placeholder is: an empty directory, or a file holding
 // content.
@@ -116,6 +120,8 @@ type Plan struct {
 	// GitDirs are the git directories protected (host paths): Audit
 	// reports on the others at the end of the run.
 	GitDirs []string
+	// gitDirIDs are the GitDirs' devices and inodes.
+	gitDirIDs map[string]fileID
 
 	ledger string
 	roots  []Root      // with fds of their own, for Audit
@@ -172,7 +178,7 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	plan := &Plan{ledger: ledgerPath}
+	plan := &Plan{ledger: ledgerPath, gitDirIDs: map[string]fileID{}}
 	var placeholders []placeholder
 	defer func() {
 		d.Placeholders = append(d.Placeholders, placeholders...)
@@ -249,12 +255,18 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 	if errors.Join(errs...) == nil {
 		errs = mirrorNested(planners, roots)
 	}
+	for i := range planners {
+		if errs[i] == nil {
+			errs[i] = planners[i].pin(roots[i])
+		}
+	}
 	// Everything opened goes into the plan (closed with it on an error);
 	// the first root's error is the start's.
 	for i := range planners {
 		planners[i].root.order()
 		plan.Roots = append(plan.Roots, planners[i].root)
 		plan.GitDirs = append(plan.GitDirs, planners[i].gitDirs...)
+		maps.Copy(plan.gitDirIDs, planners[i].gitDirIDs)
 		placeholders = append(placeholders, planners[i].placeholders...)
 	}
 	for _, err := range errs {
@@ -270,6 +282,7 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 type planner struct {
 	root         RootPlan
 	gitDirs      []string
+	gitDirIDs    map[string]fileID
 	placeholders []placeholder
 	scan         *gitScan // nil until the root's walk
 }
@@ -323,7 +336,16 @@ func (p *planner) protectGitDir(r Root, rel, namedBy string) error {
 	if err != nil {
 		return fmt.Errorf("git directory %s: %w", filepath.Join(r.Host, rel), describe(err))
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(g.Fd()), &st); err != nil {
+		g.Close()
+		return fmt.Errorf("git directory %s: %w", filepath.Join(r.Host, rel), err)
+	}
+	if p.gitDirIDs == nil {
+		p.gitDirIDs = map[string]fileID{}
+	}
 	p.gitDirs = append(p.gitDirs, filepath.Join(r.Host, rel))
+	p.gitDirIDs[filepath.Join(r.Host, rel)] = fileID{st.Dev, st.Ino}
 	if beneathProtected(rel) {
 		g.Close()
 		return nil
@@ -346,10 +368,18 @@ func (p *planner) protectGitDir(r Root, rel, namedBy string) error {
 // roots[i]'s.
 func mirrorNested(planners []planner, roots []Root) (errs []error) {
 	errs = make([]error, len(roots))
-	paths := make([]string, len(roots))
+	mounts, err := readMounts()
+	if err != nil {
+		errs[0] = err
+		return errs
+	}
+	// Where each root lies on its filesystem: a root shows another beneath
+	// its own location, or through a mount inside it (another path to the
+	// directory, bound there on the host).
+	locs := make([]fsLocation, len(roots))
 	own := make([]int, len(roots)) // each root's own checks, before any mirrored
 	for i, r := range roots {
-		paths[i], errs[i] = os.Readlink(procPath(r.Dir))
+		locs[i], errs[i] = locateFD(mounts, int(r.Dir.Fd()), "")
 		own[i] = len(planners[i].root.Checks)
 	}
 	if errors.Join(errs...) != nil {
@@ -357,18 +387,48 @@ func mirrorNested(planners []planner, roots []Root) (errs []error) {
 	}
 	for i := range roots {
 		for j := range roots {
-			off, err := filepath.Rel(paths[i], paths[j])
-			if i == j || err != nil || off == ".." || strings.HasPrefix(off, "../") {
+			if i == j {
 				continue
 			}
-			for _, c := range planners[j].root.Checks[1:own[j]] {
-				if errs[i] == nil {
-					errs[i] = planners[i].mirror(roots[i], filepath.Join(off, c.Rel), c)
+			for _, off := range shownAt(mounts, roots[i].Dir, locs[j]) {
+				for _, c := range planners[j].root.Checks[1:own[j]] {
+					if errs[i] == nil {
+						errs[i] = planners[i].mirror(roots[i], filepath.Join(off, c.Rel), c)
+					}
 				}
 			}
 		}
 	}
 	return errs
+}
+
+// pin binds every directory on the way from the root to each of the
+// plan's binds writable onto itself, so that it is a mount point: renaming
+// one away and making it anew (mv .claude x && mkdir -p .claude/commands;
+// mv sub x && git init sub) fails, as renaming a git directory does, where
+// it would take the binds beneath it along and leave the new one
+// unprotected. The runtime cannot rename or remove those directories.
+func (p *planner) pin(r Root) error {
+	have := map[string]bool{}
+	for _, c := range p.root.Checks {
+		have[c.Rel] = true
+	}
+	for _, c := range slices.Clone(p.root.Checks) {
+		for a := filepath.Dir(c.Rel); a != "." && a != "/"; a = filepath.Dir(a) {
+			if have[a] {
+				continue
+			}
+			have[a] = true
+			f, err := openBeneath(r.Dir, a)
+			if err != nil {
+				return fmt.Errorf("%s cannot be protected: %w", filepath.Join(r.Host, a), describe(err))
+			}
+			if err := p.bind(r, a, f, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // mirror binds rel in r as c, another root's check of the same object, says.
@@ -740,14 +800,13 @@ func (p *Plan) Stale() (bool, error) {
 		}
 	}
 	p.staleScans++
-	protected := p.protected()
 	found, errs := scanRoots(p.roots, nil)
 	if err := errors.Join(errs...); err != nil {
 		return false, err
 	}
 	for i, dirs := range found {
 		for _, g := range dirs {
-			if !protected[filepath.Join(p.roots[i].Host, g)] {
+			if !p.protects(p.roots[i], g) {
 				return true, nil
 			}
 		}

@@ -143,8 +143,10 @@ func readMounts() (map[uint64]mount, error) {
 	}
 	m := map[uint64]mount{}
 	for _, line := range strings.Split(string(data), "\n") {
-		// ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...
-		f := strings.Fields(line)
+		// ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ..., split at blanks
+		// only: the kernel escapes blank, tab, newline and backslash, and
+		// any other byte (a no-break space, a \r) is the name's.
+		f := strings.Split(line, " ")
 		if len(f) < 5 {
 			continue
 		}

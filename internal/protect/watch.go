@@ -106,14 +106,13 @@ func (p *Plan) Watch() (retErr error) {
 		}
 		w.mounts[mnt] = true
 	}
-	protected := p.protected()
 	found, errs := scanRoots(p.roots, w)
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	for i, dirs := range found {
 		for _, g := range dirs {
-			if !protected[filepath.Join(p.roots[i].Host, g)] {
+			if !p.protects(p.roots[i], g) {
 				w.changed = true // made since Prepare: stale already
 			}
 		}
@@ -122,13 +121,13 @@ func (p *Plan) Watch() (retErr error) {
 	return nil
 }
 
-// protected is the set of the plan's git directories.
-func (p *Plan) protected() map[string]bool {
-	m := map[string]bool{}
-	for _, g := range p.GitDirs {
-		m[g] = true
-	}
-	return m
+// protects reports whether the git directory at rel in r is one the plan
+// protected: at its path, and the same directory (one made anew at that
+// path, the old one renamed away, is not).
+func (p *Plan) protects(r Root, rel string) bool {
+	id, ok := p.gitDirIDs[filepath.Join(r.Host, rel)]
+	var st unix.Stat_t
+	return ok && unix.Fstatat(int(r.Dir.Fd()), rel, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && (fileID{st.Dev, st.Ino}) == id
 }
 
 // mountOf is the unique ID of the mount the file open as fd is on, and
