@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/mountinfo"
 )
 
 // EnterThread moves the calling OS thread, and only it, into the cgroup in
@@ -99,19 +101,13 @@ func cgroupMounts() ([]cgroupMount, error) {
 		if !ok || len(lf) < 5 || len(rf) < 3 || (rf[0] != "cgroup" && rf[0] != "cgroup2") {
 			continue
 		}
-		m := cgroupMount{point: unescapeMount(lf[4]), root: unescapeMount(lf[3]), v2: rf[0] == "cgroup2", options: map[string]bool{}}
+		m := cgroupMount{point: mountinfo.Unescape(lf[4]), root: mountinfo.Unescape(lf[3]), v2: rf[0] == "cgroup2", options: map[string]bool{}}
 		for _, o := range strings.Split(rf[2], ",") {
 			m.options[o] = true
 		}
 		out = append(out, m)
 	}
 	return out, sc.Err()
-}
-
-// unescapeMount undoes mountinfo's octal escapes of space, tab, newline
-// and backslash.
-func unescapeMount(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
 // mountOf returns the mount whose hierarchy holds dir: the deepest mount

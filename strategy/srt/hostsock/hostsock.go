@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentconnect-md/agentconnect/internal/mountinfo"
 	"github.com/agentconnect-md/agentconnect/internal/netns"
 )
 
@@ -252,26 +253,7 @@ func Mounts() (map[string]uint64, error) {
 		if !ok || err1 != nil || err2 != nil {
 			continue
 		}
-		out[unescape(f[4])] = unix.Mkdev(uint32(ma), uint32(mi))
+		out[mountinfo.Unescape(f[4])] = unix.Mkdev(uint32(ma), uint32(mi))
 	}
 	return out, nil
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -73,14 +73,6 @@ func TestBound(t *testing.T) {
 	}
 }
 
-func TestUnescape(t *testing.T) {
-	for in, want := range map[string]string{`/a\040b`: "/a b", `/plain`: "/plain", `/x\`: `/x\`, `/y\04`: `/y\04`} {
-		if got := unescape(in); got != want {
-			t.Errorf("unescape(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // TestBoundEverywhere: as root, a socket bound by a process in another
 // network namespace (a container's, say) is listed too.
 func TestBoundEverywhere(t *testing.T) {
