@@ -62,8 +62,13 @@ func scanRoots(roots []Root, w *rootsWatch) (found [][]string, errs []error) {
 		scans[i] = newGitScan(r, w)
 		errs[i] = scans[i].walk()
 	}
-	for j, err := range handOver(scans) {
-		errs[j] = errors.Join(errs[j], err)
+	mounts, err := readMounts()
+	if err != nil {
+		errs[0] = errors.Join(errs[0], err)
+	} else {
+		for j, err := range handOver(scans, mounts) {
+			errs[j] = errors.Join(errs[j], err)
+		}
 	}
 	for _, s := range scans {
 		found = append(found, s.found)
@@ -75,55 +80,35 @@ func scanRoots(roots []Root, w *rootsWatch) (found [][]string, errs []error) {
 // other scans found: those .git files of their roots name outside them,
 // and those inside them that are in it too (the workspace inside a rw
 // mount of its parent: a .git file of the mount names a git directory in
-// the workspace, which the workspace's binds must protect as well);
-// errs[j] is what adding them to scans[j] met.
-func handOver(scans []*gitScan) (errs []error) {
+// the workspace, which the workspace's binds must protect as well); and to
+// each the git directories its own .git files name by another of its paths
+// (a bind mount on the host). Paths are compared where they lie on their
+// filesystems (mounts). errs[j] is what adding them to scans[j] met.
+func handOver(scans []*gitScan, mounts map[uint64]mount) (errs []error) {
 	errs = make([]error, len(scans))
-	// Paths are compared where they lie on their filesystems: a bind
-	// mount on the host is another path to the same directory.
-	mounts, err := readMounts()
-	if err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
+	views := make([]rootView, len(scans))
+	for i, s := range scans {
+		views[i], errs[i] = viewOf(mounts, s.r.Dir)
+	}
+	if errors.Join(errs...) != nil {
 		return errs
 	}
 	for i, from := range scans {
 		given := slices.Clone(from.elsewhere)
-		// A root's own git directories named by another of its paths
-		// (elsewhere) are its own to protect too.
-		for _, g := range from.elsewhere {
-			loc, err := locate(mounts, g.dir)
-			if err != nil {
-				errs[i] = errors.Join(errs[i], err)
-				continue
-			}
-			for _, rel := range from.holds(mounts, loc) {
-				if from.namedBy[rel] == "" {
-					from.namedBy[rel] = g.gitFile
-				}
-				errs[i] = errors.Join(errs[i], from.addGitDir(rel))
-			}
-		}
-		root, err := os.Readlink(procPath(from.r.Dir))
-		if err != nil {
-			errs[i] = errors.Join(errs[i], err)
-			continue
-		}
 		for _, rel := range slices.Clone(from.found) {
-			given = append(given, namedGitDir{filepath.Join(root, rel), from.namedBy[rel]})
+			given = append(given, namedGitDir{filepath.Join(views[i].top, rel), from.namedBy[rel]})
 		}
-		for _, g := range given {
+		for k, g := range given {
 			loc, err := locate(mounts, g.dir)
 			if err != nil {
 				errs[i] = errors.Join(errs[i], err)
 				continue
 			}
 			for j, to := range scans {
-				if j == i {
-					continue
+				if j == i && k >= len(from.elsewhere) {
+					continue // found in its own root
 				}
-				for _, rel := range to.holds(mounts, loc) {
+				for _, rel := range views[j].shows(mounts, loc) {
 					if to.namedBy[rel] == "" {
 						to.namedBy[rel] = g.gitFile
 					}
@@ -157,11 +142,6 @@ type namedGitDir struct{ dir, gitFile string }
 
 func newGitScan(r Root, w *rootsWatch) *gitScan {
 	return &gitScan{r: r, w: w, seen: map[string]bool{}, namedBy: map[string]string{}, buf: make([]byte, 32<<10)}
-}
-
-// holds is where the scan's root shows g, a location, relative to it.
-func (s *gitScan) holds(mounts map[uint64]mount, g fsLocation) []string {
-	return shownAt(mounts, s.r.Dir, g)
 }
 
 // watchAt adds the directory at rel, which may be missing, to the watch.
@@ -673,24 +653,32 @@ func locateFD(mounts map[uint64]mount, fd int, rest string) (fsLocation, error) 
 	return fsLocation{m.dev, filepath.Join(m.root, within, rest)}, nil
 }
 
-// shownAt is every path, relative to root, where root shows location g:
+// rootView is a root as paths are compared with it: where it lies on its
+// filesystem, and its path in this namespace.
+type rootView struct {
+	loc fsLocation
+	top string
+}
+
+func viewOf(mounts map[uint64]mount, dir *os.File) (rootView, error) {
+	loc, err := locateFD(mounts, int(dir.Fd()), "")
+	if err != nil {
+		return rootView{}, err
+	}
+	top, err := os.Readlink(procPath(dir))
+	return rootView{loc, top}, err
+}
+
+// shows is every path, relative to the root, where it shows location g:
 // beneath the root's own location, and beneath each mount inside the root
 // (another path to a directory, bound there on the host).
-func shownAt(mounts map[uint64]mount, root *os.File, g fsLocation) []string {
-	loc, err := locateFD(mounts, int(root.Fd()), "")
-	if err != nil {
-		return nil
-	}
+func (v rootView) shows(mounts map[uint64]mount, g fsLocation) []string {
 	var at []string
-	if rel, ok := loc.holds(g); ok {
+	if rel, ok := v.loc.holds(g); ok {
 		at = append(at, rel)
 	}
-	top, err := os.Readlink(procPath(root))
-	if err != nil {
-		return at
-	}
 	for _, m := range mounts {
-		point, err := filepath.Rel(top, m.point)
+		point, err := filepath.Rel(v.top, m.point)
 		if err != nil || point == "." || point == ".." || strings.HasPrefix(point, "../") {
 			continue
 		}

@@ -233,13 +233,18 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 	wg.Wait()
 	// Then the git directories .git files name in other roots, each
 	// protected by the planner of the root that holds it.
+	// Both compare paths where they lie on their filesystems.
+	var mounts map[uint64]mount
+	if errors.Join(errs...) == nil {
+		mounts, errs[0] = readMounts()
+	}
 	if errors.Join(errs...) == nil {
 		scans := make([]*gitScan, len(planners))
 		was := make([]int, len(scans))
 		for i := range planners {
 			scans[i], was[i] = planners[i].scan, len(planners[i].scan.found)
 		}
-		for j, err := range handOver(scans) {
+		for j, err := range handOver(scans, mounts) {
 			errs[j] = errors.Join(errs[j], err)
 			for _, g := range scans[j].found[was[j]:] {
 				if errs[j] == nil {
@@ -253,7 +258,7 @@ func Prepare(ledgerPath string, roots []Root) (_ *Plan, retErr error) {
 	// time, where the workspace's own binds are not (bwrap binds them at
 	// its target; a VM share's virtiofsd has its own root's only).
 	if errors.Join(errs...) == nil {
-		errs = mirrorNested(planners, roots)
+		errs = mirrorNested(planners, roots, mounts)
 	}
 	for i := range planners {
 		if errs[i] == nil {
@@ -366,20 +371,15 @@ func (p *planner) protectGitDir(r Root, rel, namedBy string) error {
 // mirrorNested adds the binds of each root to every other root that holds
 // it, each the object the inner root's plan opened; errs[i] is what stopped
 // roots[i]'s.
-func mirrorNested(planners []planner, roots []Root) (errs []error) {
+func mirrorNested(planners []planner, roots []Root, mounts map[uint64]mount) (errs []error) {
 	errs = make([]error, len(roots))
-	mounts, err := readMounts()
-	if err != nil {
-		errs[0] = err
-		return errs
-	}
-	// Where each root lies on its filesystem: a root shows another beneath
-	// its own location, or through a mount inside it (another path to the
-	// directory, bound there on the host).
-	locs := make([]fsLocation, len(roots))
+	// A root shows another beneath its own location on the filesystem, or
+	// through a mount inside it (another path to the directory, bound
+	// there on the host).
+	views := make([]rootView, len(roots))
 	own := make([]int, len(roots)) // each root's own checks, before any mirrored
 	for i, r := range roots {
-		locs[i], errs[i] = locateFD(mounts, int(r.Dir.Fd()), "")
+		views[i], errs[i] = viewOf(mounts, r.Dir)
 		own[i] = len(planners[i].root.Checks)
 	}
 	if errors.Join(errs...) != nil {
@@ -390,7 +390,7 @@ func mirrorNested(planners []planner, roots []Root) (errs []error) {
 			if i == j {
 				continue
 			}
-			for _, off := range shownAt(mounts, roots[i].Dir, locs[j]) {
+			for _, off := range views[i].shows(mounts, views[j].loc) {
 				for _, c := range planners[j].root.Checks[1:own[j]] {
 					if errs[i] == nil {
 						errs[i] = planners[i].mirror(roots[i], filepath.Join(off, c.Rel), c)

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentconnect-md/agentconnect/internal/mountinfo"
 )
 
 // Verify checks, inside a boundary once its mounts are in, that every bind
@@ -30,7 +32,7 @@ func Verify(checks []Check) error {
 	if err != nil {
 		return err
 	}
-	mc := &mountCheck{mounts: mounts, parents: map[string]parentPath{}}
+	mc := &mountCheck{mounts: mounts, parents: map[string]fsLocation{}}
 	for _, c := range checks {
 		rfd, ok := roots[c.Root]
 		if !ok {
@@ -154,36 +156,17 @@ func readMounts() (map[uint64]mount, error) {
 		if err != nil {
 			continue
 		}
-		m[id] = mount{dev: f[2], root: unescapeMountinfo(f[3]), point: unescapeMountinfo(f[4])}
+		m[id] = mount{dev: f[2], root: mountinfo.Unescape(f[3]), point: mountinfo.Unescape(f[4])}
 	}
 	return m, nil
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a blank).
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // mountCheck is the state of check for one Verify: mountinfo, and the
 // parents looked up so far (by root and directory).
 type mountCheck struct {
 	mounts  map[uint64]mount
-	parents map[string]parentPath
+	parents map[string]fsLocation
 }
-
-// parentPath is a directory's device and its path within its filesystem.
-type parentPath struct{ dev, path string }
 
 // check checks that c's bind, open as fd, is a mount of the
 // directory its parent shows at its name: a parent renamed between the
@@ -214,29 +197,17 @@ func (v *mountCheck) check(rootFD, fd int, c Check) error {
 	return nil
 }
 
-// parent looks up the directory c's bind is in.
-func (v *mountCheck) parent(rootFD int, c Check) (parentPath, error) {
+// parent locates the directory c's bind is in.
+func (v *mountCheck) parent(rootFD int, c Check) (fsLocation, error) {
 	fd, err := unix.Openat2(rootFD, filepath.Dir(c.Rel), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return parentPath{}, fmt.Errorf("protected path %s/%s changed while the boundary was set up (%v): start the session again", c.Root, c.Rel, err)
+		return fsLocation{}, fmt.Errorf("protected path %s/%s changed while the boundary was set up (%v): start the session again", c.Root, c.Rel, err)
 	}
 	defer unix.Close(fd)
-	pm, err := mountOfFD(v.mounts, fd)
-	if err != nil {
-		return parentPath{}, err
-	}
-	at, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-	if err != nil {
-		return parentPath{}, err
-	}
-	within, err := filepath.Rel(pm.point, at)
-	if err != nil {
-		return parentPath{}, fmt.Errorf("protected path %s/%s: %w", c.Root, c.Rel, err)
-	}
-	return parentPath{pm.dev, filepath.Join(pm.root, within)}, nil
+	return locateFD(v.mounts, fd, "")
 }
 
 // mountOfFD is the mountinfo line of the mount fd is on.
