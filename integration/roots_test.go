@@ -52,6 +52,8 @@ deny gitdir-vscode sh -c 'echo x > .vscode/tasks.json'
 deny gitdir-claude sh -c 'mkdir -p .claude/commands && echo x > .claude/commands/c.md'
 deny gitdir-in-home sh -c 'echo x > ../home/node_modules/r.git/hooks/pre-commit'
 deny nested-mv-parent sh -c 'mv proj proj2 && git init -q proj && echo x > proj/.git/hooks/pre-commit'
+deny mount-claude-settings sh -c 'echo "{\"hooks\":{}}" > /work/.claude/settings.json'
+deny claude-settings-local sh -c 'rm -rf .claude/settings.local.json; echo "{\"hooks\":{}}" > .claude/settings.local.json'
 deny claude-mv-parent sh -c 'mv .claude claude2 && mkdir -p .claude/commands && echo x > .claude/commands/c.md'
 allow root-git-work sh -c 'echo a > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm root-commit && git branch b2 && git log --oneline | grep -q root-commit'
 allow nested-git-work sh -c 'cd proj && echo b > b.txt && git add b.txt && git -c user.name=t -c user.email=t@t commit -qm nested-commit'
@@ -117,7 +119,13 @@ func setupRoots(t *testing.T, home, strategy, script string, extra ...string) ro
 			t.Fatal(err)
 		}
 	}
-	for _, p := range []string{filepath.Join(e.ws, "proj/.git/config"), filepath.Join(mount, ".git/config")} {
+	// Claude Code runs the hooks of a project's settings.
+	settings := filepath.Join(mount, ".claude/settings.json")
+	os.MkdirAll(filepath.Dir(settings), 0o755)
+	if err := os.WriteFile(settings, []byte(`{"permissions":{}}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(e.ws, "proj/.git/config"), filepath.Join(mount, ".git/config"), settings} {
 		e.before[p], _ = os.ReadFile(p)
 	}
 	return e
@@ -210,7 +218,8 @@ func (e rootsEnv) checkHost(t *testing.T, id string) {
 		}
 	}
 	// The placeholders go just after the exit is reported.
-	for _, p := range []string{filepath.Join(e.mount, ".bashrc"), filepath.Join(e.mount, ".mcp.json"), filepath.Join(e.ws, ".bashrc")} {
+	// (A settings file the runtime wrote instead would stay.)
+	for _, p := range []string{filepath.Join(e.mount, ".bashrc"), filepath.Join(e.mount, ".mcp.json"), filepath.Join(e.ws, ".bashrc"), filepath.Join(e.ws, ".claude/settings.local.json")} {
 		eventually(t, 10*time.Second, "placeholder "+p+" is removed", func() bool {
 			_, err := os.Lstat(p)
 			return os.IsNotExist(err)

@@ -38,6 +38,9 @@ var (
 		".gitconfig", ".gitmodules", // git runs what they name
 		".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", // shells source them
 		".mcp.json", // MCP clients start the servers it lists
+		// Claude Code runs the hooks they define; it reads an absent one
+		// made a directory as no settings.
+		".claude/settings.json", ".claude/settings.local.json",
 	}
 	protectedDirs = []string{
 		".vscode", ".idea", // editors run their tasks

@@ -125,6 +125,7 @@ func TestPrepareWorkspace(t *testing.T) {
 		ws + "/.mcp.json":              true,
 		ws + "/.bashrc":                true,
 		ws + "/.claude/commands":       true,
+		ws + "/.claude/settings.json":  true, // Claude Code runs its hooks
 		ws + "/sub/nested/.git/hooks":  true,
 	} {
 		got, ok := ro[target]
@@ -143,7 +144,7 @@ func TestPrepareWorkspace(t *testing.T) {
 	}
 	// Absent names got placeholders on disk: directories in a workspace,
 	// which git ignores, so the repository's status does not change.
-	for _, ph := range []string{".mcp.json", ".bashrc", ".claude/commands"} {
+	for _, ph := range []string{".mcp.json", ".bashrc", ".claude/commands", ".claude/settings.local.json"} {
 		if fi, err := os.Lstat(filepath.Join(ws, ph)); err != nil || !fi.IsDir() {
 			t.Errorf("placeholder %s: %v, want an empty directory", ph, err)
 		}
