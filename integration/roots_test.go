@@ -52,6 +52,7 @@ deny gitdir-vscode sh -c 'echo x > .vscode/tasks.json'
 deny gitdir-claude sh -c 'mkdir -p .claude/commands && echo x > .claude/commands/c.md'
 deny gitdir-in-home sh -c 'echo x > ../home/node_modules/r.git/hooks/pre-commit'
 deny nested-mv-parent sh -c 'mv proj proj2 && git init -q proj && echo x > proj/.git/hooks/pre-commit'
+deny mount-submodule-slash sh -c 'echo x > /work/.git/modules/libs/foo/hooks/post-checkout'
 deny mount-claude-settings sh -c 'echo "{\"hooks\":{}}" > /work/.claude/settings.json'
 deny claude-settings-local sh -c 'rm -rf .claude/settings.local.json; echo "{\"hooks\":{}}" > .claude/settings.local.json'
 deny claude-mv-parent sh -c 'mv .claude claude2 && mkdir -p .claude/commands && echo x > .claude/commands/c.md'
@@ -104,6 +105,9 @@ func setupRoots(t *testing.T, home, strategy, script string, extra ...string) ro
 	t.Helper()
 	mount := t.TempDir()
 	gitHost(t, mount, "init", "-q")
+	// A submodule's git directory at its name, libs/foo, with no worktree
+	// naming it (`git submodule update` finds it there).
+	gitHost(t, mount, "init", "-q", "--bare", filepath.Join(mount, ".git/modules/libs/foo"))
 	args := append([]string{"agent", "create", "box", "--strategy", strategy, "--mount", mount + ":/work:rw"}, extra...)
 	ok(t, home, append(args, "--", "sh", "-c", script)...)
 	e := rootsEnv{home: home, ws: filepath.Join(agentDir(t, home, "box"), "workspace"), mount: mount, before: map[string][]byte{}}
@@ -209,7 +213,7 @@ func (e rootsEnv) checkHost(t *testing.T, id string) {
 	for _, p := range []string{
 		filepath.Join(e.ws, ".git/hooks/pre-commit"), filepath.Join(e.ws, ".git2"), filepath.Join(e.ws, "cfglink"),
 		filepath.Join(e.ws, "proj/.git/hooks/pre-commit"), filepath.Join(e.ws, "proj/.git2"), filepath.Join(e.ws, "proj2"), filepath.Join(e.ws, "claude2"),
-		filepath.Join(e.mount, ".git/hooks/pre-commit"), filepath.Join(e.mount, ".git2"),
+		filepath.Join(e.mount, ".git/hooks/pre-commit"), filepath.Join(e.mount, ".git2"), filepath.Join(e.mount, ".git/modules/libs/foo/hooks/post-checkout"),
 		filepath.Join(e.ws, ".vscode/tasks.json"), filepath.Join(e.ws, ".claude/commands/c.md"),
 		filepath.Join(e.ws, "../home/node_modules/r.git/hooks/pre-commit"),
 	} {

@@ -22,7 +22,17 @@ const (
 	scanDepth    = 3
 	scanMaxDirs  = 5000
 	skipScanning = "node_modules"
+	// maxModuleNameDepth bounds the directories of a submodule's name
+	// (third_party/a/b: three) that the scan descends in .git/modules.
+	maxModuleNameDepth = 8
 )
+
+// gitMarks are the names a directory in .git/modules holds when it is a
+// git directory rather than a part of a submodule's name: what git's own
+// test needs (HEAD), hooks, and commondir, which moves the rest. A config
+// alone does nothing: git takes no directory without HEAD for a
+// repository. The watch sees each of them made (gitNames, or a directory).
+var gitMarks = []string{"HEAD", "hooks", "commondir"}
 
 // boundReadOnly is every protected name, relative to a root: a repository
 // beneath one is read-only with it, whoever made it, so the scans of a
@@ -224,23 +234,69 @@ func (s *gitScan) addGitDir(rel string) error {
 			}
 		}
 	}
-	for _, sub := range []string{"modules", "worktrees"} {
-		if s.w != nil {
-			// One made later is an event of rel's.
-			if err := s.watchAt(filepath.Join(rel, sub)); err != nil {
-				return err
-			}
+	if err := s.addModules(filepath.Join(rel, "modules"), 1); err != nil {
+		return err
+	}
+	if s.w != nil {
+		// One made later is an event of rel's.
+		if err := s.watchAt(filepath.Join(rel, "worktrees")); err != nil {
+			return err
 		}
-		entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), rel, sub))
-		for _, e := range entries {
-			if e.IsDir() {
-				if err := s.addGitDir(filepath.Join(rel, sub, e.Name())); err != nil {
-					return err
-				}
+	}
+	entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), rel, "worktrees"))
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := s.addGitDir(filepath.Join(rel, "worktrees", e.Name())); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
+}
+
+// addModules adds the submodules' git directories beneath dir, a
+// repository's modules or a directory of a submodule's name there: git
+// keeps a submodule's at modules/<name>, and a name may have slashes
+// (libs/foo, a submodule's default name at that path), so a directory
+// with none of gitMarks is a part of a name, and its own are looked at in
+// turn, maxModuleNameDepth deep at most.
+func (s *gitScan) addModules(dir string, depth int) error {
+	if s.w != nil {
+		// One made later is an event of the repository's.
+		if err := s.watchAt(dir); err != nil {
+			return err
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), dir))
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		sub := filepath.Join(dir, e.Name())
+		if s.marked(sub) {
+			if err := s.addGitDir(sub); err != nil {
+				return err
+			}
+			continue
+		}
+		if depth == maxModuleNameDepth {
+			return fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")]))
+		}
+		if err := s.addModules(sub, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// marked tells whether the directory rel holds one of gitMarks.
+func (s *gitScan) marked(rel string) bool {
+	for _, name := range gitMarks {
+		if _, err := os.Lstat(filepath.Join(procPath(s.r.Dir), rel, name)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // gitEntry judges the .git entry of rel, whose type is typ (DT_*).

@@ -232,8 +232,9 @@ func (g gitFile) leadsElsewhere() bool {
 
 // gitNames are the entry names whose every change matters, whatever they
 // are: a .git, and a git directory's modules and worktrees (a symlink of
-// that name is listed through) and commondir.
-var gitNames = map[string]bool{".git": true, "modules": true, "worktrees": true, "commondir": true}
+// that name is listed through) and commondir; HEAD, which makes a
+// directory in modules a git directory (gitMarks).
+var gitNames = map[string]bool{".git": true, "modules": true, "worktrees": true, "commondir": true, "HEAD": true}
 
 // eventsMatter reports whether any of the inotify events in b could add a
 // git directory: one about a directory entry, or one of gitNames, or the

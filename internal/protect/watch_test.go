@@ -21,7 +21,7 @@ func watchedPlan(t *testing.T) (string, *Plan) {
 	t.Helper()
 	ws := t.TempDir()
 	git(t, ws, "init", "-q")
-	for _, dir := range []string{"src/pkg", "lib/.git/worktrees/wt", "lib/.git/modules/m", "wt"} {
+	for _, dir := range []string{"src/pkg", "lib/.git/worktrees/wt", "lib/.git/modules/m/hooks", "wt"} {
 		if err := os.MkdirAll(filepath.Join(ws, dir), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +104,7 @@ func TestWatchSeesEveryWayInOfARepository(t *testing.T) {
 			os.MkdirAll(filepath.Join(ws, "lib/.git/worktrees/wt2"), 0o755)
 		},
 		"a module added": func(t *testing.T, ws string) {
-			os.MkdirAll(filepath.Join(ws, "lib/.git/modules/m/modules/n"), 0o755)
+			os.MkdirAll(filepath.Join(ws, "lib/.git/modules/m/modules/n/hooks"), 0o755)
 		},
 	}
 	for name, change := range cases {
@@ -244,11 +244,11 @@ func watched(t *testing.T, ws string) *Plan {
 // another directory at the same place, which mountinfo does not tell.
 func TestWatchReviewedWaysIn(t *testing.T) {
 	cases := map[string]reviewedCase{
-		"a directory on a .git file's way, under node_modules, renamed":   renamedOnTheWay("node_modules/p/gd", "node_modules/p", "modules/evil"),
+		"a directory on a .git file's way, under node_modules, renamed":   renamedOnTheWay("node_modules/p/gd", "node_modules/p", "modules/evil/hooks"),
 		"a directory on a .git file's way, deeper than the walk, renamed": renamedOnTheWay("a/b/c/d/e/gd", "a/b/c/d/e", "worktrees/evil"),
-		"a directory on a .git file's way, inside a .git, renamed":        renamedOnTheWay(".git/x/y/gd", ".git/x/y", "modules/evil"),
+		"a directory on a .git file's way, inside a .git, renamed":        renamedOnTheWay(".git/x/y/gd", ".git/x/y", "modules/evil/hooks"),
 		"a symlink made as a git directory's modules": {
-			func(t *testing.T, ws string) { os.MkdirAll(filepath.Join(ws, "store/evil"), 0o755) },
+			func(t *testing.T, ws string) { os.MkdirAll(filepath.Join(ws, "store/evil/hooks"), 0o755) },
 			func(t *testing.T, ws string) { os.Symlink("../store", filepath.Join(ws, ".git/modules")) },
 		},
 		"a mount swapped for one of another directory at the same place": {
