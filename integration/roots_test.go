@@ -107,7 +107,9 @@ func setupRoots(t *testing.T, home, strategy, script string, extra ...string) ro
 	gitHost(t, mount, "init", "-q")
 	// A submodule's git directory at its name, libs/foo, with no worktree
 	// naming it (`git submodule update` finds it there).
+	// An empty hooks in libs, a part of its name, must not hide it.
 	gitHost(t, mount, "init", "-q", "--bare", filepath.Join(mount, ".git/modules/libs/foo"))
+	os.Mkdir(filepath.Join(mount, ".git/modules/libs/hooks"), 0o755)
 	args := append([]string{"agent", "create", "box", "--strategy", strategy, "--mount", mount + ":/work:rw"}, extra...)
 	ok(t, home, append(args, "--", "sh", "-c", script)...)
 	e := rootsEnv{home: home, ws: filepath.Join(agentDir(t, home, "box"), "workspace"), mount: mount, before: map[string][]byte{}}

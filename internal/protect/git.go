@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,11 +28,11 @@ const (
 	maxModuleNameDepth = 8
 )
 
-// gitMarks are the names a directory in .git/modules holds when it is a
-// git directory rather than a part of a submodule's name: what git's own
-// test needs (HEAD), hooks, and commondir, which moves the rest. A config
-// alone does nothing: git takes no directory without HEAD for a
-// repository. The watch sees each of them made (gitNames, or a directory).
+// gitMarks are the names that make the scan protect a directory in
+// .git/modules as a git directory: what git's own test needs (HEAD), hooks,
+// and commondir, which moves the rest. A config alone does nothing: git
+// takes no directory without HEAD for a repository. The watch sees each of
+// them made (gitNames, or a directory).
 var gitMarks = []string{"HEAD", "hooks", "commondir"}
 
 // boundReadOnly is every protected name, relative to a root: a repository
@@ -122,7 +123,7 @@ func handOver(scans []*gitScan, mounts map[uint64]mount) (errs []error) {
 					if to.namedBy[rel] == "" {
 						to.namedBy[rel] = g.gitFile
 					}
-					errs[j] = errors.Join(errs[j], to.addGitDir(rel))
+					errs[j] = errors.Join(errs[j], to.addGitDir(rel), to.drain())
 				}
 			}
 		}
@@ -144,6 +145,16 @@ type gitScan struct {
 	elsewhere []namedGitDir
 	visited   int
 	buf       []byte
+	// refused is what the scan found it cannot protect and went on past,
+	// so that an audit reports what lies beyond it too (drain).
+	refused []error
+}
+
+// drain returns what the scan refused since the last drain.
+func (s *gitScan) drain() error {
+	err := errors.Join(s.refused...)
+	s.refused = nil
+	return err
 }
 
 // namedGitDir is a git directory (a host path) and the .git file (a host
@@ -257,9 +268,12 @@ func (s *gitScan) addGitDir(rel string) error {
 // addModules adds the submodules' git directories beneath dir, a
 // repository's modules or a directory of a submodule's name there: git
 // keeps a submodule's at modules/<name>, and a name may have slashes
-// (libs/foo, a submodule's default name at that path), so a directory
-// with none of gitMarks is a part of a name, and its own are looked at in
-// turn, maxModuleNameDepth deep at most.
+// (libs/foo, a submodule's default name at that path). A directory with
+// one of gitMarks is protected as a git directory; every directory is
+// looked into for the parts of longer names, maxModuleNameDepth deep at
+// most, but for one git itself takes for a repository, beneath which it
+// uses no submodule's git directory ("is inside git dir"). A symlink is
+// refused: git follows it.
 func (s *gitScan) addModules(dir string, depth int) error {
 	if s.w != nil {
 		// One made later is an event of the repository's.
@@ -269,24 +283,80 @@ func (s *gitScan) addModules(dir string, depth int) error {
 	}
 	entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), dir))
 	for _, e := range entries {
+		sub := filepath.Join(dir, e.Name())
+		if e.Type()&fs.ModeSymlink != 0 {
+			s.refused = append(s.refused, fmt.Errorf("%s is a symlink: git follows it to a submodule's git directory, and a symlink cannot be made read-only; replace it with the directory it points to, or remove it", filepath.Join(s.r.Host, sub)))
+			continue
+		}
 		if !e.IsDir() {
 			continue
 		}
-		sub := filepath.Join(dir, e.Name())
 		if s.marked(sub) {
 			if err := s.addGitDir(sub); err != nil {
 				return err
 			}
-			continue
+			if s.isRepository(sub) {
+				continue
+			}
 		}
 		if depth == maxModuleNameDepth {
-			return fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")]))
+			s.refused = append(s.refused, fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")])))
+			continue
 		}
 		if err := s.addModules(sub, depth+1); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// isRepository tells whether git takes rel for a git directory, as git
+// 2.39's is_git_directory does, or more strictly: a HEAD git validates (a
+// symlink into refs/, "ref: refs/...", or an object id), and objects and
+// refs directories. One with a commondir is not, here (git would look for
+// them where it leads): its directories are looked into, which costs only
+// time.
+func (s *gitScan) isRepository(rel string) bool {
+	dir := filepath.Join(procPath(s.r.Dir), rel)
+	if _, err := os.Lstat(filepath.Join(dir, "commondir")); err == nil {
+		return false
+	}
+	for _, name := range []string{"objects", "refs"} {
+		if fi, err := os.Lstat(filepath.Join(dir, name)); err != nil || !fi.IsDir() {
+			return false
+		}
+	}
+	head := filepath.Join(dir, "HEAD")
+	fi, err := os.Lstat(head)
+	switch {
+	case err != nil:
+		return false
+	case fi.Mode()&fs.ModeSymlink != 0:
+		target, err := os.Readlink(head)
+		return err == nil && strings.HasPrefix(target, "refs/")
+	case !fi.Mode().IsRegular():
+		return false
+	}
+	f, err := os.Open(head)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 255)
+	n, _ := io.ReadFull(f, b)
+	b = b[:n]
+	if ref, ok := bytes.CutPrefix(b, []byte("ref:")); ok {
+		return bytes.HasPrefix(bytes.TrimLeft(ref, " \t\n\v\f\r"), []byte("refs/"))
+	}
+	if len(b) < 40 {
+		return false
+	}
+	for _, c := range b[:40] {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", rune(c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // marked tells whether the directory rel holds one of gitMarks.
@@ -354,7 +424,10 @@ func (s *gitScan) follow(rel string, data []byte, g string) error {
 // it takes the entries' types from getdents: 34-39 -> 26 ms for 4913
 // leaves under 307 directories here (BenchmarkFindGitDirs), about a
 // syscall a leaf. No lookup of a directory it lists follows a symlink.
-func (s *gitScan) walk() error { return s.visit(int(s.r.Dir.Fd()), ".", ".", 0) }
+func (s *gitScan) walk() error {
+	err := s.visit(int(s.r.Dir.Fd()), ".", ".", 0)
+	return errors.Join(err, s.drain())
+}
 
 // visit scans rel, the entry name of the directory parent.
 func (s *gitScan) visit(parent int, name, rel string, depth int) error {

@@ -44,7 +44,7 @@ var (
 	}
 	protectedDirs = []string{
 		".vscode", ".idea", // editors run their tasks
-		".claude/commands", ".claude/agents", // Claude Code runs them
+		".claude/commands", ".claude/agents", ".claude/skills", // Claude Code runs them
 	}
 )
 
