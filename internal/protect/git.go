@@ -145,9 +145,17 @@ type gitScan struct {
 	elsewhere []namedGitDir
 	visited   int
 	buf       []byte
-	// refused is what the scan found it cannot protect and went on past,
-	// so that an audit reports what lies beyond it too (drain).
+	// refused is what the scan found it cannot protect in a directory of
+	// the root, and went on past, so that an audit reports what lies
+	// beyond it too (drain); a start fails on any of it.
 	refused []error
+}
+
+// refuse adds err, if any, to what the scan refused.
+func (s *gitScan) refuse(err error) {
+	if err != nil {
+		s.refused = append(s.refused, err)
+	}
 }
 
 // drain returns what the scan refused since the last drain.
@@ -245,7 +253,7 @@ func (s *gitScan) addGitDir(rel string) error {
 			}
 		}
 	}
-	if err := s.addModules(filepath.Join(rel, "modules"), 1); err != nil {
+	if err := s.addModules(filepath.Join(rel, "modules"), 1, false); err != nil {
 		return err
 	}
 	if s.w != nil {
@@ -257,9 +265,7 @@ func (s *gitScan) addGitDir(rel string) error {
 	entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), rel, "worktrees"))
 	for _, e := range entries {
 		if e.IsDir() {
-			if err := s.addGitDir(filepath.Join(rel, "worktrees", e.Name())); err != nil {
-				return err
-			}
+			s.refuse(s.addGitDir(filepath.Join(rel, "worktrees", e.Name())))
 		}
 	}
 	return nil
@@ -269,12 +275,12 @@ func (s *gitScan) addGitDir(rel string) error {
 // repository's modules or a directory of a submodule's name there: git
 // keeps a submodule's at modules/<name>, and a name may have slashes
 // (libs/foo, a submodule's default name at that path). A directory with
-// one of gitMarks is protected as a git directory; every directory is
+// one of gitMarks is protected as a git directory, and every directory is
 // looked into for the parts of longer names, maxModuleNameDepth deep at
-// most, but for one git itself takes for a repository, beneath which it
-// uses no submodule's git directory ("is inside git dir"). A symlink is
-// refused: git follows it.
-func (s *gitScan) addModules(dir string, depth int) error {
+// most: git uses a submodule's git directory beneath another's too (git
+// fetch does not check). In a git directory (gitDir), git's own
+// directories are no part of a name. A symlink is refused: git follows it.
+func (s *gitScan) addModules(dir string, depth int, gitDir bool) error {
 	if s.w != nil {
 		// One made later is an event of the repository's.
 		if err := s.watchAt(dir); err != nil {
@@ -283,80 +289,38 @@ func (s *gitScan) addModules(dir string, depth int) error {
 	}
 	entries, _ := os.ReadDir(filepath.Join(procPath(s.r.Dir), dir))
 	for _, e := range entries {
+		if gitDir && gitOwn[e.Name()] {
+			continue
+		}
 		sub := filepath.Join(dir, e.Name())
 		if e.Type()&fs.ModeSymlink != 0 {
-			s.refused = append(s.refused, fmt.Errorf("%s is a symlink: git follows it to a submodule's git directory, and a symlink cannot be made read-only; replace it with the directory it points to, or remove it", filepath.Join(s.r.Host, sub)))
+			s.refuse(fmt.Errorf("%s is a symlink: git follows it to a submodule's git directory, and a symlink cannot be made read-only; replace it with the directory it points to, or remove it", filepath.Join(s.r.Host, sub)))
 			continue
 		}
 		if !e.IsDir() {
 			continue
 		}
-		if s.marked(sub) {
-			if err := s.addGitDir(sub); err != nil {
-				return err
-			}
-			if s.isRepository(sub) {
-				continue
-			}
-		}
-		if depth == maxModuleNameDepth {
-			s.refused = append(s.refused, fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")])))
+		if depth > maxModuleNameDepth {
+			s.refuse(fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")])))
 			continue
 		}
-		if err := s.addModules(sub, depth+1); err != nil {
+		marked := s.marked(sub)
+		if marked {
+			s.refuse(s.addGitDir(sub))
+		}
+		if err := s.addModules(sub, depth+1, marked); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// isRepository tells whether git takes rel for a git directory, as git
-// 2.39's is_git_directory does, or more strictly: a HEAD git validates (a
-// symlink into refs/, "ref: refs/...", or an object id), and objects and
-// refs directories. One with a commondir is not, here (git would look for
-// them where it leads): its directories are looked into, which costs only
-// time.
-func (s *gitScan) isRepository(rel string) bool {
-	dir := filepath.Join(procPath(s.r.Dir), rel)
-	if _, err := os.Lstat(filepath.Join(dir, "commondir")); err == nil {
-		return false
-	}
-	for _, name := range []string{"objects", "refs"} {
-		if fi, err := os.Lstat(filepath.Join(dir, name)); err != nil || !fi.IsDir() {
-			return false
-		}
-	}
-	head := filepath.Join(dir, "HEAD")
-	fi, err := os.Lstat(head)
-	switch {
-	case err != nil:
-		return false
-	case fi.Mode()&fs.ModeSymlink != 0:
-		target, err := os.Readlink(head)
-		return err == nil && strings.HasPrefix(target, "refs/")
-	case !fi.Mode().IsRegular():
-		return false
-	}
-	f, err := os.Open(head)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, 255)
-	n, _ := io.ReadFull(f, b)
-	b = b[:n]
-	if ref, ok := bytes.CutPrefix(b, []byte("ref:")); ok {
-		return bytes.HasPrefix(bytes.TrimLeft(ref, " \t\n\v\f\r"), []byte("refs/"))
-	}
-	if len(b) < 40 {
-		return false
-	}
-	for _, c := range b[:40] {
-		if !strings.ContainsRune("0123456789abcdefABCDEF", rune(c)) {
-			return false
-		}
-	}
-	return true
+// gitOwn are the directories git makes in a git directory (modules and
+// worktrees addGitDir looks into itself).
+var gitOwn = map[string]bool{
+	"objects": true, "refs": true, "logs": true, "info": true, "hooks": true, "branches": true,
+	"remotes": true, "rr-cache": true, "svn": true, "lfs": true, "reftable": true,
+	"modules": true, "worktrees": true,
 }
 
 // marked tells whether the directory rel holds one of gitMarks.
@@ -374,7 +338,7 @@ func (s *gitScan) gitEntry(rel string, typ uint8) error {
 	dotGit := filepath.Join(rel, ".git")
 	switch typ {
 	case unix.DT_LNK:
-		return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to", filepath.Join(s.r.Host, dotGit))
+		return fmt.Errorf("%s is a symlink: git follows it, and a symlink cannot be made read-only; replace it with the directory it points to, or remove it", filepath.Join(s.r.Host, dotGit))
 	case unix.DT_DIR:
 		return s.addGitDir(dotGit)
 	case unix.DT_REG:
@@ -452,7 +416,7 @@ func (s *gitScan) visit(parent int, name, rel string, depth int) error {
 		}
 		var st unix.Stat_t
 		if unix.Fstatat(dir, path, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-			return s.gitEntry(rel, direntType(st.Mode))
+			s.refuse(s.gitEntry(rel, direntType(st.Mode)))
 		}
 		return nil
 	}
@@ -474,9 +438,7 @@ func (s *gitScan) visit(parent int, name, rel string, depth int) error {
 		return onlyGit()
 	}
 	if gitType != unix.DT_UNKNOWN {
-		if err := s.gitEntry(rel, gitType); err != nil {
-			return err
-		}
+		s.refuse(s.gitEntry(rel, gitType))
 	}
 	for _, sub := range subdirs {
 		subRel := filepath.Join(rel, sub)
