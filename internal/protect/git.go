@@ -301,7 +301,11 @@ func (s *gitScan) addModules(dir string, depth int, gitDir bool) error {
 			continue
 		}
 		if depth > maxModuleNameDepth {
-			s.refuse(fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, dir[:strings.LastIndex(dir, "modules")+len("modules")])))
+			modules := sub // the modules directory, depth levels up
+			for range depth {
+				modules = filepath.Dir(modules)
+			}
+			s.refuse(fmt.Errorf("%s is nested %d directories deep in %s, deeper than submodule names are followed, so a git directory in it could not be protected: remove it", filepath.Join(s.r.Host, sub), depth, filepath.Join(s.r.Host, modules)))
 			continue
 		}
 		marked := s.marked(sub)

@@ -27,6 +27,51 @@ func submoduleGitDir(t *testing.T, ws, name string) string {
 	return g
 }
 
+// plantHook makes a git directory at rel in ws as a runtime would (git
+// init --bare), with the hook name in it, and returns the hook's path.
+func plantHook(t *testing.T, ws, rel, name string) string {
+	t.Helper()
+	g := filepath.Join(ws, rel)
+	git(t, ws, "init", "-q", "--bare", g)
+	hook := filepath.Join(g, "hooks", name)
+	mustWrite(t, hook, "#!/bin/sh\n")
+	return hook
+}
+
+// wantLibsFooProtected checks that the git directory of a submodule named
+// libs/foo (not checked out) is protected, or the start refused, once
+// plant has made what (say "holds an empty hooks") in .git/modules/libs.
+func wantLibsFooProtected(t *testing.T, plant func(t *testing.T, dir string), what string) {
+	t.Helper()
+	ws := t.TempDir()
+	git(t, ws, "init", "-q")
+	g := submoduleGitDir(t, ws, "libs/foo")
+	plant(t, filepath.Join(ws, ".git/modules/libs"))
+	p, err := prepare(t, ws, false, true)
+	if err != nil {
+		return // refused: fail-closed is fine
+	}
+	defer p.Release()
+	ro, _ := binds(p)
+	for _, part := range []string{"hooks", "config"} {
+		if !ro[filepath.Join(g, part)] {
+			t.Errorf("%s is not bound read-only once .git/modules/libs %s", filepath.Join(g, part), what)
+		}
+	}
+}
+
+// wantLibsFooAudited checks that a run's end reports the hook name it
+// planted in .git/modules/libs/foo beside what plant made in libs.
+func wantLibsFooAudited(t *testing.T, plant func(t *testing.T, dir string), name, what string) {
+	t.Helper()
+	ws, p := repoPlan(t)
+	hook := plantHook(t, ws, ".git/modules/libs/foo", name)
+	plant(t, filepath.Join(ws, ".git/modules/libs"))
+	if found := p.Audit(); !hasFinding(found, hook) {
+		t.Errorf("the audit did not report %s with .git/modules/libs %s; it found %v", hook, what, found)
+	}
+}
+
 // A submodule whose name has a slash (libs/foo, the default for a
 // submodule at that path) has its git directory two levels beneath
 // modules/: the scan must find it there, not take libs for a git directory.
@@ -57,15 +102,13 @@ func TestSubmoduleNamedWithASlashIsProtected(t *testing.T) {
 func TestAuditFindsASubmoduleNamedWithASlash(t *testing.T) {
 	ws, p := repoPlan(t)
 	// As a runtime would plant one (.gitmodules is read-only for it).
-	g := filepath.Join(ws, ".git/modules/third_party/a/b")
-	git(t, ws, "init", "-q", "--bare", g)
-	mustWrite(t, filepath.Join(g, "hooks/post-checkout"), "#!/bin/sh\n")
+	hook := plantHook(t, ws, ".git/modules/third_party/a/b", "post-checkout")
 	var found []string
 	for _, f := range p.Audit() {
 		found = append(found, f.Path+": "+f.Reason)
 	}
-	if !strings.Contains(strings.Join(found, "\n"), filepath.Join(g, "hooks/post-checkout")) {
-		t.Errorf("the audit did not report %s; it found:\n%s", filepath.Join(g, "hooks/post-checkout"), strings.Join(found, "\n"))
+	if !strings.Contains(strings.Join(found, "\n"), hook) {
+		t.Errorf("the audit did not report %s; it found:\n%s", hook, strings.Join(found, "\n"))
 	}
 }
 

@@ -48,23 +48,7 @@ var plantMark = map[string]func(t *testing.T, dir string){
 // `git submodule update --init` on the host runs it.
 func TestReview3MarkedNamePartHidesASubmoduleGitDir(t *testing.T) {
 	for name, plant := range plantMark {
-		t.Run(name, func(t *testing.T) {
-			ws := t.TempDir()
-			git(t, ws, "init", "-q")
-			g := submoduleGitDir(t, ws, "libs/foo")
-			plant(t, filepath.Join(ws, ".git/modules/libs"))
-			p, err := prepare(t, ws, false, true)
-			if err != nil {
-				return // refused: fail-closed is fine
-			}
-			defer p.Release()
-			ro, _ := binds(p)
-			for _, part := range []string{"hooks", "config"} {
-				if !ro[filepath.Join(g, part)] {
-					t.Errorf("%s is not bound read-only once .git/modules/libs holds %s", filepath.Join(g, part), name)
-				}
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLibsFooProtected(t, plant, "holds "+name) })
 	}
 }
 
@@ -77,17 +61,7 @@ func TestReview3MarkedNamePartHidesASubmoduleGitDir(t *testing.T) {
 // at libs only; the host's `git submodule update --init` runs the hook.
 func TestReview3AuditMissesAGitDirBeneathAMarkedNamePart(t *testing.T) {
 	for name, plant := range plantMark {
-		t.Run(name, func(t *testing.T) {
-			ws, p := repoPlan(t)
-			g := filepath.Join(ws, ".git/modules/libs/foo")
-			git(t, ws, "init", "-q", "--bare", g)
-			mustWrite(t, filepath.Join(g, "hooks/post-checkout"), "#!/bin/sh\n")
-			plant(t, filepath.Join(ws, ".git/modules/libs"))
-			hook := filepath.Join(g, "hooks/post-checkout")
-			if !hasFinding(p.Audit(), hook) {
-				t.Errorf("the audit did not report %s with %s in .git/modules/libs", hook, name)
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLibsFooAudited(t, plant, "post-checkout", "holding "+name) })
 	}
 }
 
@@ -112,10 +86,8 @@ func TestReview3SymlinkInModulesHidesAGitDir(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			ws, p := repoPlan(t)
+			hook := plantHook(t, ws, ".git/stash/foo", "post-checkout")
 			stash := filepath.Join(ws, ".git/stash/foo")
-			git(t, ws, "init", "-q", "--bare", stash)
-			hook := filepath.Join(stash, "hooks/post-checkout")
-			mustWrite(t, hook, "#!/bin/sh\n")
 			link := filepath.Join(ws, c.link)
 			if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 				t.Fatal(err)
@@ -163,10 +135,7 @@ func TestReview3AuditStopsAtADeepNameAndHidesAHook(t *testing.T) {
 	if err := os.MkdirAll(deep, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	g := filepath.Join(ws, ".git/modules/zz")
-	git(t, ws, "init", "-q", "--bare", g)
-	hook := filepath.Join(g, "hooks/post-checkout")
-	mustWrite(t, hook, "#!/bin/sh\n")
+	hook := plantHook(t, ws, ".git/modules/zz", "post-checkout")
 	found := p.Audit()
 	if !hasFinding(found, hook) {
 		t.Errorf("the audit did not report %s next to a name too deep; it found %v", hook, found)

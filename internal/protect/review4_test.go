@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// Findings of the fourth outside review: isRepository (bb7fe6d, since removed), whose skip in
-// .git/modules (bb7fe6d), the walk's bounds against git's submodule
-// recursion, the scan's errors, the watch. Each claim about git was
+// Findings of the fourth outside review: the skip in .git/modules of a
+// repository by isRepository (bb7fe6d, since removed), the walk's bounds
+// against git's submodule recursion, the scan's errors, the watch. Each claim about git was
 // checked with git 2.39.5 in temp directories.
 
 // makeRepository makes dir pass isRepository (bb7fe6d, since removed): a HEAD git validates, and
@@ -90,23 +90,7 @@ func chmod(t *testing.T, path string, mode os.FileMode) {
 // is the attack the audit misses.)
 func TestReview4RepositoryInModulesHidesASubmoduleGitDir(t *testing.T) {
 	for name, hide := range hideBeneath {
-		t.Run(name, func(t *testing.T) {
-			ws := t.TempDir()
-			git(t, ws, "init", "-q")
-			g := submoduleGitDir(t, ws, "libs/foo")
-			hide(t, filepath.Join(ws, ".git/modules/libs"))
-			p, err := prepare(t, ws, false, true)
-			if err != nil {
-				return // refused: fail-closed is fine
-			}
-			defer p.Release()
-			ro, _ := binds(p)
-			for _, part := range []string{"hooks", "config"} {
-				if !ro[filepath.Join(g, part)] {
-					t.Errorf("%s is not bound read-only once .git/modules/libs is %s", filepath.Join(g, part), name)
-				}
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLibsFooProtected(t, hide, "is "+name) })
 	}
 }
 
@@ -122,17 +106,7 @@ func TestReview4RepositoryInModulesHidesASubmoduleGitDir(t *testing.T) {
 // reports the hook, after the user may have fetched.
 func TestReview4AuditMissesAGitDirBeneathARepositoryInModules(t *testing.T) {
 	for name, hide := range hideBeneath {
-		t.Run(name, func(t *testing.T) {
-			ws, p := repoPlan(t)
-			g := filepath.Join(ws, ".git/modules/libs/foo")
-			git(t, ws, "init", "-q", "--bare", g)
-			hook := filepath.Join(g, "hooks/reference-transaction")
-			mustWrite(t, hook, "#!/bin/sh\n")
-			hide(t, filepath.Join(ws, ".git/modules/libs"))
-			if found := p.Audit(); !hasFinding(found, hook) {
-				t.Errorf("the audit did not report %s with .git/modules/libs %s; it found %v", hook, name, found)
-			}
-		})
+		t.Run(name, func(t *testing.T) { wantLibsFooAudited(t, hide, "reference-transaction", name) })
 	}
 }
 
@@ -172,10 +146,7 @@ func TestReview4AuditStopsAtAnErrorAndHidesAHook(t *testing.T) {
 	for name, plant := range stopTheScan {
 		t.Run(name, func(t *testing.T) {
 			ws, p := repoPlan(t)
-			g := filepath.Join(ws, ".git/modules/zz")
-			git(t, ws, "init", "-q", "--bare", g)
-			hook := filepath.Join(g, "hooks/post-checkout")
-			mustWrite(t, hook, "#!/bin/sh\n")
+			hook := plantHook(t, ws, ".git/modules/zz", "post-checkout")
 			nested := filepath.Join(ws, "zz")
 			git(t, ws, "init", "-q", nested)
 			nestedHook := filepath.Join(nested, ".git/hooks/post-checkout")
